@@ -1,0 +1,1 @@
+//! `megamoe`: the facade (placeholder until the foundation lands).
