@@ -32,9 +32,16 @@ pub fn encode_with(x: f32, tie: TieMode) -> u8 {
         return sign | 0x7;
     }
     let q = round_to_grid(mag, 1, 0, tie).min(MAX);
-    let code = VALUES.iter().position(|&v| v == q).expect("rounded onto the E2M1 grid") as u8;
+    let code = VALUES
+        .iter()
+        .position(|&v| v == q)
+        .expect("rounded onto the E2M1 grid") as u8;
     // DeepGEMM's helper drops the sign of a zero code; keep it under its tie mode only.
-    if code == 0 && tie == TieMode::TowardZero { 0 } else { sign | code }
+    if code == 0 && tie == TieMode::TowardZero {
+        0
+    } else {
+        sign | code
+    }
 }
 
 #[cfg(test)]
@@ -58,7 +65,11 @@ mod tests {
             assert_eq!(encode(-mid), even | 0x8);
             assert_eq!(encode(mid.next_down()), code);
             assert_eq!(encode(mid.next_up()), code + 1);
-            assert_eq!(encode_with(mid, TieMode::TowardZero), code, "tie toward zero at {mid}");
+            assert_eq!(
+                encode_with(mid, TieMode::TowardZero),
+                code,
+                "tie toward zero at {mid}"
+            );
         }
         assert_eq!(encode(7.0), 0x7);
         assert_eq!(encode(-1e9), 0xf);

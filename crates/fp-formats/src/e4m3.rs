@@ -70,7 +70,10 @@ mod tests {
             let v = decode(code);
             if code & 0x7f == 0x7f {
                 assert!(v.is_nan(), "{code:#04x}");
-                assert_eq!(encode(v.copysign(if code & 0x80 != 0 { -1.0 } else { 1.0 })), code);
+                assert_eq!(
+                    encode(v.copysign(if code & 0x80 != 0 { -1.0 } else { 1.0 })),
+                    code
+                );
                 continue;
             }
             assert_eq!(encode(v), code, "code {code:#04x} decodes to {v}");
@@ -98,7 +101,12 @@ mod tests {
             let (lo, hi) = (decode(code), decode(code + 1));
             let mid = (lo + hi) / 2.0; // exact: both on a grid far coarser than f32's
             let even = if code % 2 == 0 { code } else { code + 1 };
-            assert_eq!(encode(mid), even, "midpoint of {code:#04x}/{:#04x}", code + 1);
+            assert_eq!(
+                encode(mid),
+                even,
+                "midpoint of {code:#04x}/{:#04x}",
+                code + 1
+            );
             assert_eq!(encode(mid.next_down()), code);
             assert_eq!(encode(mid.next_up()), code + 1);
             assert_eq!(encode(-mid), even | 0x80);

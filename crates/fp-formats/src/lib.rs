@@ -50,7 +50,11 @@ pub(crate) fn round_to_grid(x: f32, mantissa_bits: i32, min_exp: i32, tie: TieMo
         TieMode::NearestEven => scaled.round_ties_even(),
         TieMode::TowardZero => {
             let floor = scaled.floor();
-            if scaled - floor > 0.5 { floor + 1.0 } else { floor }
+            if scaled - floor > 0.5 {
+                floor + 1.0
+            } else {
+                floor
+            }
         }
     };
     rounded * pow2(quantum_exp)

@@ -3,8 +3,15 @@
 
 /// Packs E2M1 codes (one per byte, low nibble used) two per byte. `codes.len()` must be even.
 pub fn pack_e2m1(codes: &[u8]) -> Vec<u8> {
-    assert!(codes.len() % 2 == 0, "E2M1 packing needs an even count, got {}", codes.len());
-    codes.chunks_exact(2).map(|p| (p[0] & 0xf) | (p[1] << 4)).collect()
+    assert!(
+        codes.len() % 2 == 0,
+        "E2M1 packing needs an even count, got {}",
+        codes.len()
+    );
+    codes
+        .chunks_exact(2)
+        .map(|p| (p[0] & 0xf) | (p[1] << 4))
+        .collect()
 }
 
 /// Unpacks two E2M1 codes per byte, low nibble first.
@@ -32,7 +39,11 @@ pub fn pack_ue8m0(bytes: &[u8]) -> Vec<u32> {
 
 /// Unpacks `count` UE8M0 bytes from u32 words.
 pub fn unpack_ue8m0(words: &[u32], count: usize) -> Vec<u8> {
-    words.iter().flat_map(|w| w.to_le_bytes()).take(count).collect()
+    words
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .take(count)
+        .collect()
 }
 
 #[cfg(test)]
@@ -53,6 +64,9 @@ mod tests {
     #[test]
     fn ue8m0_little_endian() {
         assert_eq!(pack_ue8m0(&[1, 2, 3, 4, 5]), vec![0x0403_0201, 0x7f7f_7f05]);
-        assert_eq!(unpack_ue8m0(&[0x0403_0201, 0x7f7f_7f05], 5), vec![1, 2, 3, 4, 5]);
+        assert_eq!(
+            unpack_ue8m0(&[0x0403_0201, 0x7f7f_7f05], 5),
+            vec![1, 2, 3, 4, 5]
+        );
     }
 }

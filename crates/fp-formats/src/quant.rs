@@ -76,10 +76,19 @@ pub const AMAX_FLOOR: f32 = 1e-4;
 /// Quantizes one activation row: per `g` channels, `sf = ceil-UE8M0(max(amax,1e-4)/448)`,
 /// `q = e4m3(x / 2^sf)`. Writes `q` (len = row len) and `sf` (len = row len / g).
 pub fn quantize_act_row(x: &[f32], g: usize, q: &mut [u8], sf: &mut [u8]) {
-    assert_eq!(x.len() % g, 0, "row of {} channels is not a multiple of the group {g}", x.len());
+    assert_eq!(
+        x.len() % g,
+        0,
+        "row of {} channels is not a multiple of the group {g}",
+        x.len()
+    );
     assert_eq!(q.len(), x.len());
     assert_eq!(sf.len(), x.len() / g);
-    for ((xs, qs), s) in x.chunks_exact(g).zip(q.chunks_exact_mut(g)).zip(sf.iter_mut()) {
+    for ((xs, qs), s) in x
+        .chunks_exact(g)
+        .zip(q.chunks_exact_mut(g))
+        .zip(sf.iter_mut())
+    {
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs())).max(AMAX_FLOOR);
         *s = ue8m0::ceil_from(amax / e4m3::MAX);
         let inv = pow2(-ue8m0::exponent(*s));
@@ -93,7 +102,11 @@ pub fn quantize_act_row(x: &[f32], g: usize, q: &mut [u8], sf: &mut [u8]) {
 /// (len = K/32): `sf = ceil-UE8M0(max(amax,1e-4)/6)`, `q = e2m1(w / 2^sf)`.
 pub fn quantize_fp4_row(w: &[f32], tie: TieMode, packed: &mut [u8], sf: &mut [u8]) {
     let k = w.len();
-    assert_eq!(k % WEIGHT_BLOCK, 0, "weight row of {k} is not a multiple of {WEIGHT_BLOCK}");
+    assert_eq!(
+        k % WEIGHT_BLOCK,
+        0,
+        "weight row of {k} is not a multiple of {WEIGHT_BLOCK}"
+    );
     assert_eq!(packed.len(), k / 2);
     assert_eq!(sf.len(), k / WEIGHT_BLOCK);
     let mut codes = [0u8; WEIGHT_BLOCK];
@@ -105,7 +118,8 @@ pub fn quantize_fp4_row(w: &[f32], tie: TieMode, packed: &mut [u8], sf: &mut [u8
         for (c, &wv) in codes.iter_mut().zip(ws) {
             *c = e2m1::encode_with(wv * inv, tie);
         }
-        packed[blk * WEIGHT_BLOCK / 2..][..WEIGHT_BLOCK / 2].copy_from_slice(&pack::pack_e2m1(&codes));
+        packed[blk * WEIGHT_BLOCK / 2..][..WEIGHT_BLOCK / 2]
+            .copy_from_slice(&pack::pack_e2m1(&codes));
     }
 }
 
@@ -113,11 +127,20 @@ pub fn quantize_fp4_row(w: &[f32], tie: TieMode, packed: &mut [u8], sf: &mut [u8
 /// floor, `e = ceil-exponent(amax · (1/448))` unclamped, `q = e4m3(h · 2^−e)`, byte `e + 127`.
 /// An all-zero group gets byte 0 and zero codes.
 pub fn requantize_row(h: &[f32], g: usize, q: &mut [u8], sf: &mut [u8]) {
-    assert_eq!(h.len() % g, 0, "row of {} channels is not a multiple of the group {g}", h.len());
+    assert_eq!(
+        h.len() % g,
+        0,
+        "row of {} channels is not a multiple of the group {g}",
+        h.len()
+    );
     assert_eq!(q.len(), h.len());
     assert_eq!(sf.len(), h.len() / g);
     const INV_MAX: f32 = 1.0 / e4m3::MAX;
-    for ((hs, qs), s) in h.chunks_exact(g).zip(q.chunks_exact_mut(g)).zip(sf.iter_mut()) {
+    for ((hs, qs), s) in h
+        .chunks_exact(g)
+        .zip(q.chunks_exact_mut(g))
+        .zip(sf.iter_mut())
+    {
         let amax = hs.iter().fold(0f32, |m, v| m.max(v.abs()));
         let biased = ue8m0::ceil_biased_exponent(amax * INV_MAX);
         assert!(biased < 255, "L1 output amax {amax} has no UE8M0 scale");
@@ -164,7 +187,10 @@ mod tests {
             for (chunk, &s) in x.chunks(g).zip(&sf) {
                 let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let scale = ue8m0::decode(s);
-                assert!(amax / scale <= 448.0 && amax / scale > 224.0, "g={g} amax={amax} scale={scale}");
+                assert!(
+                    amax / scale <= 448.0 && amax / scale > 224.0,
+                    "g={g} amax={amax} scale={scale}"
+                );
             }
             for (a, b) in x.iter().zip(&back) {
                 assert!((a - b).abs() <= a.abs() / 16.0 + 1e-6, "{a} vs {b}");
@@ -194,12 +220,17 @@ mod tests {
         let mut h = [0f32; 32];
         h[3] = -amax;
         requantize_row(&h, 32, &mut q, &mut sf);
-        assert_eq!(sf[0] as u32, ue8m0::ceil_biased_exponent(amax * (1.0 / 448.0)));
+        assert_eq!(
+            sf[0] as u32,
+            ue8m0::ceil_biased_exponent(amax * (1.0 / 448.0))
+        );
     }
 
     #[test]
     fn fp4_weights_round_trip_within_half_step() {
-        let w: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 31.5) * 0.013).collect();
+        let w: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 64) as f32 - 31.5) * 0.013)
+            .collect();
         let (mut p, mut sf) = (vec![0; 32], vec![0; 2]);
         quantize_fp4_row(&w, TieMode::NearestEven, &mut p, &mut sf);
         let mut back = vec![0f32; 64];

@@ -6,7 +6,11 @@ pub const NAN: u8 = 255;
 /// Decodes a scale byte to its power of two (255 gives NaN).
 #[inline]
 pub fn decode(b: u8) -> f32 {
-    if b == NAN { f32::NAN } else { crate::pow2(b as i32 - 127) }
+    if b == NAN {
+        f32::NAN
+    } else {
+        crate::pow2(b as i32 - 127)
+    }
 }
 
 /// The exponent a scale byte stands for, `b − 127`.
