@@ -5,6 +5,7 @@
 
 pub mod e2m1;
 pub mod e4m3;
+pub mod fold;
 pub mod pack;
 pub mod quant;
 pub mod ue8m0;
