@@ -1,0 +1,12 @@
+// sm90_moe_gemm.cu -- JIT entry point of the Hopper grouped GEMM; specialized with
+// -DMM_BN=<tokens per tile> -DMM_G128=<0|1>.
+#include "sm90_moe_gemm.cuh"
+
+struct __align__(64) TmaDescriptor {
+  unsigned long long opaque[16];
+};
+
+extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, 1)
+    mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ TmaDescriptor act_map) {
+  mm::gemm::moe_gemm<MM_BN, MM_G128 != 0>(params, &act_map);
+}

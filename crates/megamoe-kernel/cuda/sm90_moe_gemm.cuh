@@ -1,0 +1,283 @@
+// sm90_moe_gemm.cuh -- Hopper grouped GEMM, FP8 activations x MXFP4 weights -> BF16, for both recipes.
+//
+// out[row][n] = sum_k act[row][k] * w_e[n][k] for every pool row of expert e (rows are expert-contiguous).
+// Swap-AB: weights are the WGMMA A operand (64 weight rows per consumer warpgroup, decoded from FP4 in
+// registers), tokens are the WGMMA N (BN tokens per tile), so a few tokens per expert still fill the
+// tensor core's M and the kernel streams weights at HBM speed.
+//   g128: FP8 WGMMA; E2M1 -> E4M3 decode with the four per-32 weight scales of a k128 block folded in
+//         as offsets d from a per-(row, k128) base; one promotion per k128 with act_scale[token] x base[row].
+//   mx32: BF16 WGMMA on exactly widened operands: E2M1 x 2^s_w decoded to BF16 in registers, the
+//         activations arrive already widened (E4M3 x 2^s_a in BF16); FP32 accumulation over all of K.
+// Warp roles: warpgroup 0 = producer (one thread issues TMA for every stage), warpgroups 1 and 2 =
+// consumers (64 weight rows each, the same BN tokens). A persistent CTA walks tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is (expert, 128-row weight tile, BN-token block),
+// token block minor, so CTAs working at once share weight tiles through L2.
+//
+// Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
+//   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
+//          r = 16 * warp + lane / 4 within the warpgroup's 64 rows.
+//     g128 word: sign-split layout of fp_formats.cuh; elements 0..3 = k 4t..4t+3, 4..7 = k 16+4t..16+4t+3.
+//     mx32 word: magnitudes of pairs A,B,C,D = k (2t,2t+1), (2t+8,2t+9), (16+2t,17+2t), (24+2t,25+2t) in
+//                nibbles 0..7; signs of A at bits 15/31, B 11/27, C 7/23, D 3/19.
+//   meta:  [128 rows] u32. g128: (d_j + 8) in nibble j, base byte in bits 16..23. mx32: UE8M0 byte j = s_j.
+// Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for mx32), 128-B swizzle, box {128 B, BN}.
+// g128 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
+#pragma once
+
+#include "fp_formats.cuh"
+#include "sm90_ptx.cuh"
+
+namespace mm {
+namespace gemm {
+
+using namespace mm::sm90;
+
+constexpr int kThreads = 384;       // producer warpgroup + 2 consumer warpgroups
+constexpr int kTileRows = 128;      // weight rows per tile
+constexpr int kBlockK = 128;        // K per pipeline stage
+constexpr int kCodeBytes = 8192;    // FP4 codes of one (tile, k128 block)
+constexpr int kMetaBytes = 512;     // one u32 per weight row
+
+struct GemmParams {
+  const u8* w_codes;         // [E][n_tiles][k_blocks] x kCodeBytes
+  const u32* w_meta;         // [E][n_tiles][k_blocks][128]
+  const u8* act_sf;          // g128: [k_blocks][sf_stride]; mx32: unused
+  u16* out;                  // [pool rows][n_out] BF16 bits
+  const int* expert_offset;  // [E] first pool row of each expert
+  const int* expert_rows;    // [E] rows of each expert
+  int num_experts;
+  int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
+  int k;                     // multiple of 128
+  int sf_stride;             // g128: pool rows padded; >= max(offset + align(rows, BN))
+};
+
+template <int BN, bool kG128>
+struct Layout {
+  static constexpr int kActBytes = BN * 128 * (kG128 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
+  static constexpr int kSfBytes = kG128 ? ((BN + 127) / 128) * 128 : 0;
+  static constexpr int kStageBytes = ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + 1023) / 1024) * 1024;
+  static constexpr int kBudget = 225 * 1024;
+  static constexpr int kStages = (kBudget / kStageBytes) > 8 ? 8 : (kBudget / kStageBytes);
+  static constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * kStageBytes + 2 * kStages * 8;
+  static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
+  static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kG128 ? BN : 0);
+};
+
+// Walks the tiles of one CTA in order; every role keeps its own copy and advances it identically.
+struct TileWalker {
+  const GemmParams* p;
+  int expert = 0, expert_first_tile = 0, expert_m_blocks = 0, expert_tiles = 0;
+
+  __device__ void init(const GemmParams* params, int bn) {
+    p = params;
+    expert = -1;
+    expert_first_tile = 0;
+    expert_tiles = 0;
+    next_expert(bn);
+  }
+  __device__ void next_expert(int bn) {
+    expert_first_tile += expert_tiles;
+    ++expert;
+    expert_m_blocks = expert < p->num_experts ? (p->expert_rows[expert] + bn - 1) / bn : 0;
+    expert_tiles = expert_m_blocks * (p->n_out / kTileRows);
+  }
+  // Finds tile `idx` (non-decreasing between calls). Returns false past the last tile.
+  __device__ bool seek(int idx, int bn, int& e, int& n_tile, int& m_block) {
+    while (expert < p->num_experts && idx >= expert_first_tile + expert_tiles) next_expert(bn);
+    if (expert >= p->num_experts) return false;
+    const int local = idx - expert_first_tile;
+    e = expert;
+    n_tile = local / expert_m_blocks;
+    m_block = local % expert_m_blocks;
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------- weight decode
+// g128: one sign-split word of row r (or r+8) -> E4M3 regs for k 4t.. (lo) and 16+4t.. (hi).
+__device__ __forceinline__ void decode_g128(uint2 w, u32 meta_r, u32 meta_r8, int j, u32* a) {
+  const fp::E4m3Table tr = fp::e4m3_table((int)((meta_r >> (4 * j)) & 0xf) - 8);
+  const fp::E4m3Table tr8 = fp::e4m3_table((int)((meta_r8 >> (4 * j)) & 0xf) - 8);
+  fp::e2m1x8_to_e4m3(w.x, tr, a[0], a[2]);
+  fp::e2m1x8_to_e4m3(w.y, tr8, a[1], a[3]);
+}
+
+// mx32: byte tables (low and high bytes of the BF16 bits of each E2M1 magnitude times 2^s).
+struct Bf16Table { u32 lo0, lo1, hi0, hi1; };
+
+__device__ __forceinline__ Bf16Table bf16_table(u32 scale_byte) {
+  const u32 s7 = (u32)(((int)scale_byte - 127) * 128) * 0x00010001u;  // s << 7 in both halves
+  const u32 p0 = (0x3F00u + (u32)(((int)scale_byte - 127) * 128)) << 16;  // {0, 0.5}
+  const u32 p1 = 0x3FC03F80u + s7;                                     // {1, 1.5}
+  const u32 p2 = 0x40404000u + s7;                                     // {2, 3}
+  const u32 p3 = 0x40C04080u + s7;                                     // {4, 6}
+  return {fp::prmt(p0, p1, 0x6420), fp::prmt(p2, p3, 0x6420), fp::prmt(p0, p1, 0x7531), fp::prmt(p2, p3, 0x7531)};
+}
+
+// One mx32 word (8 weights of one row) -> 4 BF16x2 regs: pairs A, B (k16 step 0) and C, D (step 1).
+__device__ __forceinline__ void decode_mx32_word(u32 w, const Bf16Table& t, u32& pa, u32& pb, u32& pc, u32& pd) {
+  const u32 sel_lo = w & 0x7777u, sel_hi = (w >> 16) & 0x7777u;
+  const u32 lo4 = fp::prmt(t.lo0, t.lo1, sel_lo), hi4 = fp::prmt(t.hi0, t.hi1, sel_lo);
+  const u32 lo4b = fp::prmt(t.lo0, t.lo1, sel_hi), hi4b = fp::prmt(t.hi0, t.hi1, sel_hi);
+  pa = fp::prmt(lo4, hi4, 0x5140) | (w & 0x80008000u);
+  pb = fp::prmt(lo4, hi4, 0x7362) | ((w << 4) & 0x80008000u);
+  pc = fp::prmt(lo4b, hi4b, 0x5140) | ((w << 8) & 0x80008000u);
+  pd = fp::prmt(lo4b, hi4b, 0x7362) | ((w << 12) & 0x80008000u);
+}
+
+__device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(b << 23); }  // b >= 1
+
+// ---------------------------------------------------------------- the kernel
+template <int BN, bool kG128>
+__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
+  using L = Layout<BN, kG128>;
+  constexpr int kNsub = BN < 128 ? BN : 128;  // g128 promotion sub-tile (temp accumulators)
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  u8* smem = (u8*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
+  u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
+  u64* empty = full + L::kStages;
+  auto stage_act = [&](int s) { return smem + s * L::kStageBytes; };
+  auto stage_codes = [&](int s) { return smem + s * L::kStageBytes + L::kActBytes; };
+  auto stage_meta = [&](int s) { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); };
+  auto stage_sf = [&](int s) { return smem + s * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes; };
+
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  const int k_blocks = p.k / kBlockK;
+  const int n_tiles = p.n_out / kTileRows;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);  // every consumer warp
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  TileWalker walker;
+  walker.init(&p, BN);
+
+  if (wg == 0) {
+    // ============================ producer ============================
+    setmaxnreg_dec<56>();
+    if (threadIdx.x == 0) {
+      prefetch_tensormap(act_map);
+      int stage = 0;
+      u32 phase = 0;
+      int e, nt, mb;
+      for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+        const int row0 = p.expert_offset[e] + mb * BN;
+        const u8* codes = p.w_codes + ((size_t)(e * n_tiles + nt) * k_blocks) * kCodeBytes;
+        const u32* meta = p.w_meta + ((size_t)(e * n_tiles + nt) * k_blocks) * kTileRows;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          mbar_wait(&empty[stage], phase ^ 1);
+          mbar_expect_tx(&full[stage], L::kTxBytes);
+          if constexpr (kG128) {
+            tma_load_2d(stage_act(stage), act_map, &full[stage], kb * kBlockK, row0);
+            bulk_load(stage_sf(stage), p.act_sf + (size_t)kb * p.sf_stride + row0, BN, &full[stage]);
+          } else {
+            tma_load_2d(stage_act(stage), act_map, &full[stage], kb * kBlockK, row0);
+            tma_load_2d(stage_act(stage) + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
+          }
+          bulk_load(stage_codes(stage), codes + (size_t)kb * kCodeBytes, kCodeBytes, &full[stage]);
+          bulk_load((void*)stage_meta(stage), meta + (size_t)kb * kTileRows, kMetaBytes, &full[stage]);
+          if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+        }
+      }
+    }
+  } else {
+    // ============================ consumers ============================
+    setmaxnreg_inc<224>();
+    const int cw = wg - 1;  // which 64 rows of the tile
+    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int row_r = cw * 64 + warp * 16 + g;  // this thread's rows: row_r and row_r + 8
+    int stage = 0;
+    u32 phase = 0;
+    int e, nt, mb;
+    float acc[BN / 2];
+    for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait(&full[stage], phase);
+        const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
+        const uint2* codes = (const uint2*)stage_codes(stage) + cw * 128 + tid;
+        const u64 desc = desc_k_sw128(smem_addr(stage_act(stage)));
+        if constexpr (kG128) {
+          u32 a[4][4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, a[j]);
+          // Per-(row, k128) base and per-token scales of this block.
+          const float base_r = ue8m0_to_float((meta_r >> 16) & 0xff);
+          const float base_r8 = ue8m0_to_float((meta_r8 >> 16) & 0xff);
+          const u8* sf = stage_sf(stage);
+#pragma unroll
+          for (int h = 0; h < BN / kNsub; ++h) {
+            float tmp[kNsub / 2];
+#pragma unroll
+            for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[i]);
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma_fp8_rs<kNsub>(tmp, a[j], desc + h * kNsub * 8 + 2 * j, j > 0);
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[i]);
+            // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
+#pragma unroll
+            for (int q = 0; q < kNsub / 8; ++q) {
+              const u32 two = *(const u16*)(sf + h * kNsub + 8 * q + 2 * t);
+              const float s0 = ue8m0_to_float(two & 0xff), s1 = ue8m0_to_float(two >> 8);
+              float* a_out = acc + h * (kNsub / 2) + 4 * q;
+              a_out[0] = fmaf(tmp[4 * q + 0], s0 * base_r, a_out[0]);
+              a_out[1] = fmaf(tmp[4 * q + 1], s1 * base_r, a_out[1]);
+              a_out[2] = fmaf(tmp[4 * q + 2], s0 * base_r8, a_out[2]);
+              a_out[3] = fmaf(tmp[4 * q + 3], s1 * base_r8, a_out[3]);
+            }
+          }
+        } else {
+          u32 a[8][4];  // k16 steps 0..7
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint2 w = codes[j * 256];
+            const Bf16Table tr = bf16_table((meta_r >> (8 * j)) & 0xff);
+            const Bf16Table tr8 = bf16_table((meta_r8 >> (8 * j)) & 0xff);
+            decode_mx32_word(w.x, tr, a[2 * j][0], a[2 * j][2], a[2 * j + 1][0], a[2 * j + 1][2]);
+            decode_mx32_word(w.y, tr8, a[2 * j][1], a[2 * j][3], a[2 * j + 1][1], a[2 * j + 1][3]);
+          }
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+          wg_fence();
+#pragma unroll
+          for (int q = 0; q < 8; ++q)  // box q / 4 (64 K each), 32 B per k16 inside the 128-B row
+            mma_bf16_rs<BN>(acc, a[q], desc + (q / 4) * (BN * 128 / 16) + 2 * (q % 4), 1);
+          wg_commit();
+          wg_wait<0>();
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+        }
+        // This warp is done with the stage (its wgmmas completed, its shared-memory reads issued).
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[stage]);
+        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+      }
+      // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
+      const int rows_left = p.expert_rows[e] - mb * BN;
+      const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;
+      const int n0 = nt * kTileRows + row_r;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        const int col = 8 * (i >> 2) + 2 * t + (i & 1);
+        const int n = n0 + 8 * ((i >> 1) & 1);
+        if (col < rows_left) {
+          unsigned short b;
+          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(acc[i]));
+          p.out[(row0 + col) * p.n_out + n] = b;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gemm
+}  // namespace mm

@@ -1,0 +1,20 @@
+//! `megamoe-kernel` owns the MegaMoE CUDA kernels and everything that is specific to them: the
+//! weight transforms from the canonical MXFP4 layout into each kernel's layout, the JIT
+//! specializations (`KernelSpec`s) and their launches. Today: the Hopper grouped GEMM
+//! (`cuda/sm90_moe_gemm.cuh`), one core per recipe, the engine of the unfused and fused pipelines.
+
+pub mod transform;
+
+pub use transform::{GemmWeights, TransformError, transform_weights};
+
+/// Device sources of this crate, for the JIT's in-memory include tree.
+pub const CUDA_HEADERS: [(&str, &str); 2] = [
+    ("sm90_ptx.cuh", include_str!("../cuda/sm90_ptx.cuh")),
+    (
+        "sm90_moe_gemm.cuh",
+        include_str!("../cuda/sm90_moe_gemm.cuh"),
+    ),
+];
+/// The grouped GEMM's entry point, specialized with `-DMM_BN` and `-DMM_G128`.
+pub const GEMM_SOURCE: (&str, &str) =
+    ("sm90_moe_gemm.cu", include_str!("../cuda/sm90_moe_gemm.cu"));

@@ -1,0 +1,425 @@
+//! Weight transform: canonical MXFP4 expert weights (`w` packed E2M1 `[E, N, K/2]`, element 2i in
+//! the low nibble; `w_sf` UE8M0 `[E, N, K/32]`) into the grouped GEMM's layout
+//! (`cuda/sm90_moe_gemm.cuh` documents it): per (expert, 128-row tile, k128 block) 8 KiB of codes in
+//! the order the consumer threads read their register fragments, and one u32 of scale metadata
+//! per row. For `g128` the four per-32 scales of a k128 block are folded into offsets from a base;
+//! a block whose scales span more than 14 binades cannot be folded exactly and is refused.
+
+use fp_formats::{Recipe, fold, pack};
+use rayon::prelude::*;
+
+/// Weight rows per GEMM tile and K per pipeline stage (the kernel's `kTileRows`, `kBlockK`).
+pub const TILE_ROWS: usize = 128;
+pub const BLOCK_K: usize = 128;
+/// Bytes of FP4 codes per (tile, k128 block) (`kCodeBytes`).
+pub const CODE_BYTES: usize = TILE_ROWS * BLOCK_K / 2;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TransformError {
+    #[error("weight dimension {name} = {value} is not a multiple of {multiple}")]
+    NotMultiple {
+        name: &'static str,
+        value: usize,
+        multiple: usize,
+    },
+    #[error("`{tensor}` has {got} bytes, expected {want} for [{experts}, {rows}, {cols}]")]
+    Size {
+        tensor: &'static str,
+        got: usize,
+        want: usize,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    },
+    #[error(
+        "expert {expert} row {row} k-block {k_block}: the four per-32 weight scales span {span} binades \
+         (bytes {bytes:?}); the g128 fold is exact only up to 14 — use the mx32 recipe for these weights"
+    )]
+    ScaleSpan {
+        expert: usize,
+        row: usize,
+        k_block: usize,
+        span: u32,
+        bytes: [u8; 4],
+    },
+    #[error(
+        "expert {expert} row {row} scale block {block}: UE8M0 byte {byte} is outside [{min}, {max}] for {recipe}"
+    )]
+    ScaleRange {
+        expert: usize,
+        row: usize,
+        block: usize,
+        byte: u8,
+        min: u8,
+        max: u8,
+        recipe: Recipe,
+    },
+}
+
+/// Expert weights in the grouped GEMM's layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GemmWeights {
+    pub recipe: Recipe,
+    pub num_experts: usize,
+    /// Weight rows (the GEMM's output width): 2I for L1, H for L2.
+    pub n: usize,
+    /// Reduction length: H for L1, I for L2.
+    pub k: usize,
+    /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
+    pub codes: Vec<u8>,
+    /// `[E][n/128][k/128][128]`.
+    pub meta: Vec<u32>,
+}
+
+impl GemmWeights {
+    pub fn tiles(&self) -> usize {
+        self.n / TILE_ROWS
+    }
+    pub fn k_blocks(&self) -> usize {
+        self.k / BLOCK_K
+    }
+}
+
+/// Scale bytes the mx32 BF16 decode keeps exact and normal: 0.5·2^s ≥ 2^-126 and 6·2^s < 2^128.
+const MX32_SCALE_RANGE: (u8, u8) = (2, 252);
+
+/// Transforms `num_experts` experts of `n` rows by `k` columns.
+pub fn transform_weights(
+    recipe: Recipe,
+    w: &[u8],
+    w_sf: &[u8],
+    num_experts: usize,
+    n: usize,
+    k: usize,
+) -> Result<GemmWeights, TransformError> {
+    for (name, value) in [("rows", n), ("K", k)] {
+        if value % TILE_ROWS != 0 {
+            return Err(TransformError::NotMultiple {
+                name,
+                value,
+                multiple: TILE_ROWS,
+            });
+        }
+    }
+    check_size("w", w.len(), num_experts, n, k / 2)?;
+    check_size("w_sf", w_sf.len(), num_experts, n, k / 32)?;
+    let (tiles, k_blocks) = (n / TILE_ROWS, k / BLOCK_K);
+    let chunks = num_experts * tiles * k_blocks;
+    let mut codes = vec![0u8; chunks * CODE_BYTES];
+    let mut meta = vec![0u32; chunks * TILE_ROWS];
+    codes
+        .par_chunks_mut(CODE_BYTES)
+        .zip(meta.par_chunks_mut(TILE_ROWS))
+        .enumerate()
+        .try_for_each(|(chunk, (codes, meta))| {
+            let (e, rest) = (chunk / (tiles * k_blocks), chunk % (tiles * k_blocks));
+            let (tile, kb) = (rest / k_blocks, rest % k_blocks);
+            let block = Block {
+                recipe,
+                w: &w[e * n * k / 2..][..n * k / 2],
+                sf: &w_sf[e * n * k / 32..][..n * k / 32],
+                k,
+                e,
+                row0: tile * TILE_ROWS,
+                kb,
+            };
+            block.write_meta(meta)?;
+            block.write_codes(codes);
+            Ok(())
+        })?;
+    Ok(GemmWeights {
+        recipe,
+        num_experts,
+        n,
+        k,
+        codes,
+        meta,
+    })
+}
+
+fn check_size(
+    tensor: &'static str,
+    got: usize,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<(), TransformError> {
+    let want = experts * rows * cols;
+    if got == want {
+        Ok(())
+    } else {
+        Err(TransformError::Size {
+            tensor,
+            got,
+            want,
+            experts,
+            rows,
+            cols,
+        })
+    }
+}
+
+/// One (expert, tile, k128 block) of one expert's canonical weights.
+struct Block<'a> {
+    recipe: Recipe,
+    w: &'a [u8],
+    sf: &'a [u8],
+    k: usize,
+    e: usize,
+    row0: usize,
+    kb: usize,
+}
+
+impl Block<'_> {
+    fn code(&self, row: usize, col: usize) -> u8 {
+        pack::e2m1_at(
+            &self.w[(self.row0 + row) * self.k / 2..][..self.k / 2],
+            self.kb * BLOCK_K + col,
+        )
+    }
+
+    fn scales(&self, row: usize) -> [u8; 4] {
+        let at = (self.row0 + row) * (self.k / 32) + self.kb * 4;
+        self.sf[at..at + 4].try_into().unwrap()
+    }
+
+    fn write_meta(&self, meta: &mut [u32]) -> Result<(), TransformError> {
+        for (row, m) in meta.iter_mut().enumerate() {
+            let bytes = self.scales(row);
+            let global_row = self.row0 + row;
+            let range = match self.recipe {
+                Recipe::Mx32 => MX32_SCALE_RANGE,
+                Recipe::G128 => (1, 254),
+            };
+            if let Some((block, &byte)) = bytes
+                .iter()
+                .enumerate()
+                .find(|(_, b)| !(range.0..=range.1).contains(*b))
+            {
+                return Err(TransformError::ScaleRange {
+                    expert: self.e,
+                    row: global_row,
+                    block: self.kb * 4 + block,
+                    byte,
+                    min: range.0,
+                    max: range.1,
+                    recipe: self.recipe,
+                });
+            }
+            *m = match self.recipe {
+                Recipe::Mx32 => u32::from_le_bytes(bytes),
+                Recipe::G128 => {
+                    let (lo, hi) = (*bytes.iter().min().unwrap(), *bytes.iter().max().unwrap());
+                    let span = u32::from(hi - lo);
+                    if span > (fold::MAX_OFFSET - fold::MIN_OFFSET) as u32 {
+                        return Err(TransformError::ScaleSpan {
+                            expert: self.e,
+                            row: global_row,
+                            k_block: self.kb,
+                            span,
+                            bytes,
+                        });
+                    }
+                    // The largest sub-scale sits at +6; the base must stay a valid UE8M0 byte (>= 1).
+                    let base = i32::from(hi) - fold::MAX_OFFSET;
+                    if base < 1 {
+                        return Err(TransformError::ScaleRange {
+                            expert: self.e,
+                            row: global_row,
+                            block: self.kb * 4,
+                            byte: hi,
+                            min: (1 + fold::MAX_OFFSET) as u8,
+                            max: 254,
+                            recipe: self.recipe,
+                        });
+                    }
+                    let offsets = bytes.iter().enumerate().map(|(j, &b)| {
+                        ((i32::from(b) - base - fold::MIN_OFFSET) as u32) << (4 * j)
+                    });
+                    offsets.fold((base as u32) << 16, |acc, o| acc | o)
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// Codes in consumer order: [k32 step j][warpgroup][thread] x {word of row r, word of row r+8}.
+    fn write_codes(&self, out: &mut [u8]) {
+        for j in 0..4 {
+            for wg in 0..2 {
+                for tid in 0..128 {
+                    let (warp, g, t) = (tid / 32, (tid % 32) / 4, tid % 4);
+                    let row = wg * 64 + warp * 16 + g;
+                    let at = ((j * 2 + wg) * 128 + tid) * 8;
+                    for (half, r) in [row, row + 8].into_iter().enumerate() {
+                        let word = match self.recipe {
+                            Recipe::G128 => g128_word(|c| self.code(r, 32 * j + c), t),
+                            Recipe::Mx32 => mx32_word(|c| self.code(r, 32 * j + c), t),
+                        };
+                        out[at + 4 * half..at + 4 * half + 4].copy_from_slice(&word.to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// FP8 k32 fragment of thread-in-quad `t`: elements 0..3 at k = 4t.., 4..7 at k = 16 + 4t...
+fn g128_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
+    fold::sign_split_word(std::array::from_fn(|i| {
+        code_at(if i < 4 { 4 * t + i } else { 16 + 4 * t + i - 4 })
+    }))
+}
+
+/// BF16 k16 fragments of thread-in-quad `t` over one k32 block: pairs A, B, C, D at
+/// k = 2t, 2t+8, 16+2t, 24+2t (two elements each); magnitudes in nibbles 0..7, the sign of pair P's
+/// first/second element at bits (15, 31) for A, (11, 27) B, (7, 23) C, (3, 19) D.
+fn mx32_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
+    const PAIR_K: [usize; 4] = [0, 8, 16, 24];
+    const SIGN_BITS: [[u32; 2]; 4] = [[15, 31], [11, 27], [7, 23], [3, 19]];
+    let mut w = 0u32;
+    for (p, (&dk, signs)) in PAIR_K.iter().zip(SIGN_BITS).enumerate() {
+        for (e, sign_bit) in signs.into_iter().enumerate() {
+            let code = code_at(dk + 2 * t + e);
+            w |= u32::from(code & 7) << (4 * (2 * p + e));
+            w |= u32::from(code >> 3) << sign_bit;
+        }
+    }
+    w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fp_formats::{e2m1, e4m3, ue8m0};
+    use rand::{Rng, SeedableRng};
+
+    /// Random canonical weights whose per-32 scale bytes lie in `scale_range`.
+    fn random_weights(
+        e: usize,
+        n: usize,
+        k: usize,
+        scale_range: std::ops::RangeInclusive<u8>,
+        seed: u64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let w = (0..e * n * k / 2).map(|_| rng.random()).collect();
+        let sf = (0..e * n * k / 32)
+            .map(|_| rng.random_range(scale_range.clone()))
+            .collect();
+        (w, sf)
+    }
+
+    fn canonical(w: &[u8], sf: &[u8], n: usize, k: usize, e: usize, row: usize, col: usize) -> f32 {
+        let base = (e * n + row) * k;
+        e2m1::decode(pack::e2m1_at(w, base + col)) * ue8m0::decode(sf[base / 32 + col / 32])
+    }
+
+    /// Replays the kernel's register decode on the host and checks every weight lands where the
+    /// fragment layout says, with its exact value.
+    #[test]
+    fn g128_fragments_hold_the_exact_weights() {
+        let (e, n, k) = (2, 256, 256);
+        let (w, sf) = random_weights(e, n, k, 110..=124, 1);
+        let t = transform_weights(Recipe::G128, &w, &sf, e, n, k).unwrap();
+        for chunk in 0..e * t.tiles() * t.k_blocks() {
+            let (ex, tile, kb) = (
+                chunk / (t.tiles() * t.k_blocks()),
+                chunk / t.k_blocks() % t.tiles(),
+                chunk % t.k_blocks(),
+            );
+            for j in 0..4 {
+                for wg in 0..2 {
+                    for tid in 0..128 {
+                        let (warp, g, tq) = (tid / 32, (tid % 32) / 4, tid % 4);
+                        for half in 0..2 {
+                            let row = wg * 64 + warp * 16 + g + 8 * half;
+                            let at = chunk * CODE_BYTES + ((j * 2 + wg) * 128 + tid) * 8 + 4 * half;
+                            let word = u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap());
+                            let m = t.meta[chunk * TILE_ROWS + row];
+                            let d = ((m >> (4 * j)) & 0xf) as i32 - 8;
+                            let base = ue8m0::decode(((m >> 16) & 0xff) as u8);
+                            for (i, byte) in fold::decode_sign_split_word(word, d)
+                                .into_iter()
+                                .enumerate()
+                            {
+                                let col = kb * BLOCK_K
+                                    + 32 * j
+                                    + if i < 4 {
+                                        4 * tq + i
+                                    } else {
+                                        16 + 4 * tq + i - 4
+                                    };
+                                let want =
+                                    canonical(&w, &sf, n, k, ex, tile * TILE_ROWS + row, col);
+                                assert_eq!(
+                                    e4m3::decode(byte) * base,
+                                    want,
+                                    "expert {ex} row {row} col {col}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mx32_words_hold_each_pair() {
+        let codes: Vec<u8> = (0..32).map(|i| (i * 5 % 16) as u8).collect();
+        for t in 0..4 {
+            let w = mx32_word(|c| codes[c], t);
+            for (p, dk) in [0usize, 8, 16, 24].into_iter().enumerate() {
+                for e in 0..2 {
+                    let mag = (w >> (4 * (2 * p + e))) & 7;
+                    let sign = (w >> [[15, 31], [11, 27], [7, 23], [3, 19]][p][e]) & 1;
+                    assert_eq!((mag | sign << 3) as u8, codes[dk + 2 * t + e]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn g128_refuses_wide_scale_spans() {
+        let (e, n, k) = (1, 128, 128);
+        let (w, mut sf) = random_weights(e, n, k, 120..=121, 2);
+        sf[5 * 4..5 * 4 + 4].copy_from_slice(&[100, 104, 110, 115]); // span 15 in row 5
+        let err = transform_weights(Recipe::G128, &w, &sf, e, n, k).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransformError::ScaleSpan {
+                    row: 5,
+                    span: 15,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        sf[5 * 4 + 3] = 114; // span 14 folds exactly
+        transform_weights(Recipe::G128, &w, &sf, e, n, k).unwrap();
+        // mx32 takes any span.
+        sf[5 * 4 + 3] = 160;
+        transform_weights(Recipe::Mx32, &w, &sf, e, n, k).unwrap();
+    }
+
+    #[test]
+    fn bad_shapes_and_scales_are_named() {
+        let (w, mut sf) = random_weights(1, 128, 128, 120..=121, 3);
+        assert!(matches!(
+            transform_weights(Recipe::G128, &w, &sf, 1, 96, 128),
+            Err(TransformError::NotMultiple { name: "rows", .. })
+        ));
+        assert!(matches!(
+            transform_weights(Recipe::G128, &w[1..], &sf, 1, 128, 128),
+            Err(TransformError::Size { tensor: "w", .. })
+        ));
+        sf[7] = 255;
+        let err = transform_weights(Recipe::Mx32, &w, &sf, 1, 128, 128).unwrap_err();
+        assert!(
+            matches!(err, TransformError::ScaleRange { byte: 255, .. }),
+            "{err}"
+        );
+    }
+}
