@@ -1,1 +1,15 @@
-//! `megamoe`: the facade (placeholder until the foundation lands).
+//! `megamoe`: the MegaMoE facade. So far the CPU half of the foundation: problem configs and
+//! presets ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the
+//! random problem generator ([`generate`]), the CPU reference of the numeric contract
+//! ([`reference`]) and the comparison metrics ([`check`]). The `megamoe` CLI drives them.
+
+pub mod check;
+pub mod config;
+pub mod files;
+pub mod generate;
+pub mod problem;
+pub mod reference;
+
+pub use config::{Config, ConfigError};
+pub use fp_formats::Recipe;
+pub use problem::{DenseInputs, DenseWeights, Problem, ProblemError, RankInputs, RankWeights};

@@ -1,0 +1,285 @@
+//! The `megamoe` CLI: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
+//! a backend, `check` compares two outputs with the acceptance metric of DESIGN §1.
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use megamoe::check::Comparison;
+use megamoe::files::{self, Output};
+use megamoe::generate::{self, GenOptions};
+use megamoe::reference::Forward;
+use megamoe::{Config, Recipe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tracing::info;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "MegaMoE: expert-parallel MoE forward pass problems, backends and checks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a random problem directory (config.json, weights.rank{r}, inputs.rank{r}).
+    Gen(GenArgs),
+    /// Compute y.rank{r}.safetensors for a problem directory.
+    Run {
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+        backend: Backend,
+    },
+    /// Compare two outputs (y files, or directories of y.rank{r} files): calc_diff and max abs
+    /// error; exits non-zero when calc_diff > tol or a NaN shows up.
+    Check {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long, default_value_t = 1e-5)]
+        tol: f64,
+    },
+}
+
+#[derive(clap::Args)]
+struct GenArgs {
+    dir: PathBuf,
+    /// One of: tiny, deepseek-v4-flash, deepseek-v4-pro, deepseek-v3.
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// Tokens per rank.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Probability that a top-k slot is masked (-1).
+    #[arg(long, default_value_t = 0.0)]
+    mask_fraction: f64,
+    /// SwiGLU clamp: a number, or `none`; default: the preset's.
+    #[arg(long, value_parser = parse_clamp)]
+    clamp: Option<Clamp>,
+    #[arg(long, default_value_t = Recipe::Mx32)]
+    recipe: Recipe,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// The CPU reference of the numeric contract.
+    Cpu,
+}
+
+/// `--clamp` value: `none` switches the clamp off.
+#[derive(Clone, Copy)]
+struct Clamp(Option<f32>);
+
+fn parse_clamp(s: &str) -> Result<Clamp, String> {
+    if s == "none" {
+        return Ok(Clamp(None));
+    }
+    s.parse()
+        .map(|c| Clamp(Some(c)))
+        .map_err(|_| format!("`{s}` is neither a number nor `none`"))
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Gen(args) => generate_problem(args),
+        Command::Run {
+            dir,
+            backend: Backend::Cpu,
+        } => run_cpu(&dir),
+        Command::Check { a, b, tol } => check(&a, &b, tol),
+    }
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{msg:>12} [{elapsed_precise}] {wide_bar} {pos}/{len} ({eta})",
+    )
+    .expect("valid template");
+    ProgressBar::new(len)
+        .with_style(style)
+        .with_message(what.to_owned())
+}
+
+fn generate_problem(args: GenArgs) -> anyhow::Result<()> {
+    let preset = Config::preset(&args.preset)?;
+    let clamp = args.clamp.map_or(preset.clamp, |c| c.0);
+    let config = preset
+        .with_ranks(args.ranks)
+        .with_recipe(args.recipe)
+        .with_clamp(clamp);
+    config.validate()?;
+    if !(0.0..=1.0).contains(&args.mask_fraction) {
+        bail!("--mask-fraction {} is not in [0, 1]", args.mask_fraction);
+    }
+    let opts = GenOptions {
+        config,
+        tokens: args.tokens,
+        seed: args.seed,
+        mask_fraction: args.mask_fraction,
+    };
+    let start = Instant::now();
+    files::write_config(&args.dir, &config)?;
+    let progress = bar(
+        generate::weight_rows(&config) * config.num_ranks as u64,
+        "weight rows",
+    );
+    for rank in 0..config.num_ranks {
+        let weights = generate::rank_weights(&opts, rank, &progress);
+        files::write_weights(&args.dir, &config, rank, &weights)?;
+        files::write_inputs(
+            &args.dir,
+            &config,
+            rank,
+            &generate::rank_inputs(&opts, rank),
+        )?;
+        info!(rank, "wrote weights and inputs");
+    }
+    progress.finish_and_clear();
+    println!(
+        "{}: {} ×{} ranks, E={} (E_l={}), H={}, I={}, k={}, clamp={:?}, {}, T={} per rank, seed {}, in {:.2}s",
+        args.dir.display(),
+        args.preset,
+        config.num_ranks,
+        config.num_experts,
+        config.experts_per_rank(),
+        config.hidden,
+        config.intermediate,
+        config.top_k,
+        config.clamp,
+        config.recipe,
+        args.tokens,
+        args.seed,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn run_cpu(dir: &Path) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let config = files::read_config(dir)?;
+    files::check_rank_files(dir, &config)?;
+    let inputs = (0..config.num_ranks)
+        .map(|r| files::read_inputs(dir, &config, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pairs: usize = inputs
+        .iter()
+        .map(|x| x.topk_idx.iter().filter(|&&e| e >= 0).count())
+        .sum();
+    let fwd = Forward::new(&config, &inputs);
+    let progress = bar(fwd.active_experts() as u64, "experts");
+    let mut fwd = fwd.with_progress(progress.clone());
+    let mut compute = Duration::ZERO;
+    for owner in 0..config.num_ranks {
+        let weights = files::read_weights(dir, &config, owner)?;
+        let t = Instant::now();
+        fwd.run_owner(owner, &weights)
+            .with_context(|| format!("owner rank {owner}"))?;
+        compute += t.elapsed();
+    }
+    progress.finish_and_clear();
+    let t = Instant::now();
+    let outputs = fwd.finish();
+    compute += t.elapsed();
+    for (rank, y) in outputs.into_iter().enumerate() {
+        let output = Output {
+            tokens: inputs[rank].tokens,
+            hidden: config.hidden,
+            y,
+        };
+        files::write_output(&files::output_path(dir, rank), &output)?;
+        info!(rank, tokens = output.tokens, "wrote y");
+    }
+    let flop = 2.0 * pairs as f64 * config.macs_per_pair() as f64;
+    let shapes: Vec<String> = inputs
+        .iter()
+        .map(|x| format!("[{}, {}]", x.tokens, config.hidden))
+        .collect();
+    println!(
+        "cpu: y per rank {} (BF16), {pairs} routed pairs, compute {:.3}s ({:.1} GFLOP/s), total {:.3}s",
+        shapes.join(" "),
+        compute.as_secs_f64(),
+        flop / compute.as_secs_f64().max(1e-9) / 1e9,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Pairs of output files to compare: the same y.rank{r} in two directories, or two files.
+fn output_pairs(a: &Path, b: &Path) -> anyhow::Result<Vec<(String, PathBuf, PathBuf)>> {
+    match (a.is_dir(), b.is_dir()) {
+        (true, true) => {
+            let ranks = files::output_ranks(a)?;
+            if ranks.is_empty() || ranks != files::output_ranks(b)? {
+                bail!(
+                    "{} and {} do not hold the same non-empty set of y.rank*.safetensors",
+                    a.display(),
+                    b.display()
+                );
+            }
+            Ok(ranks
+                .into_iter()
+                .map(|r| {
+                    (
+                        format!("rank {r}"),
+                        files::output_path(a, r),
+                        files::output_path(b, r),
+                    )
+                })
+                .collect())
+        }
+        (false, false) => Ok(vec![("y".to_owned(), a.to_owned(), b.to_owned())]),
+        _ => bail!("compare two y files or two directories, not a file with a directory"),
+    }
+}
+
+fn check(a: &Path, b: &Path, tol: f64) -> anyhow::Result<()> {
+    let (mut all_a, mut all_b) = (Vec::new(), Vec::new());
+    let mut pass = true;
+    for (label, pa, pb) in output_pairs(a, b)? {
+        let (ya, yb) = (files::read_output(&pa)?, files::read_output(&pb)?);
+        if (ya.tokens, ya.hidden) != (yb.tokens, yb.hidden) {
+            bail!(
+                "{label}: shapes differ: [{}, {}] vs [{}, {}]",
+                ya.tokens,
+                ya.hidden,
+                yb.tokens,
+                yb.hidden
+            );
+        }
+        let fa: Vec<f32> = ya.y.iter().map(|v| v.to_f32()).collect();
+        let fb: Vec<f32> = yb.y.iter().map(|v| v.to_f32()).collect();
+        let c = Comparison::of(&fa, &fb);
+        pass &= c.passes(tol);
+        println!(
+            "{label}: [{}, {}] calc_diff {:.3e}, max abs error {:.3e}",
+            ya.tokens, ya.hidden, c.calc_diff, c.max_abs_error
+        );
+        all_a.extend(fa);
+        all_b.extend(fb);
+    }
+    let c = Comparison::of(&all_a, &all_b);
+    pass &= c.passes(tol);
+    println!(
+        "all: {} values, calc_diff {:.3e}, max abs error {:.3e}: {} (tol {tol:e})",
+        c.len,
+        c.calc_diff,
+        c.max_abs_error,
+        if pass { "PASS" } else { "FAIL" }
+    );
+    if !pass {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! Problem directories on disk (layout in `crates/megamoe/FORMAT.md`): `config.json`, per rank
+//! `weights.rank{r}.safetensors` and `inputs.rank{r}.safetensors`, and the outputs
+//! `y.rank{r}.safetensors`. Reading checks dtypes, shapes, rank counts and contents, and every
+//! error names the file and tensor.
+
+use crate::config::{Config, ConfigError};
+use crate::problem::{self, Problem, ProblemError, RankInputs, RankWeights};
+use fp_formats::bf16;
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, TensorView};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FilesError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not a readable safetensors file: {source}", path.display())]
+    Safetensors {
+        path: PathBuf,
+        source: SafeTensorError,
+    },
+    #[error("{}: {source}", path.display())]
+    Config { path: PathBuf, source: ConfigError },
+    #[error("{}: tensor `{tensor}` is missing", path.display())]
+    Missing { path: PathBuf, tensor: &'static str },
+    #[error("{}: unexpected tensor `{tensor}` (this file holds {expected})", path.display())]
+    Unexpected {
+        path: PathBuf,
+        tensor: String,
+        expected: String,
+    },
+    #[error("{}: tensor `{tensor}` has dtype {got}, expected {expected}", path.display())]
+    Dtype {
+        path: PathBuf,
+        tensor: &'static str,
+        expected: Dtype,
+        got: Dtype,
+    },
+    #[error("{}: {source}", path.display())]
+    Problem { path: PathBuf, source: ProblemError },
+    #[error("{}: found {} {kind}.rank*.safetensors file(s) for ranks {found:?}, but num_ranks = {expected}", dir.display(), found.len())]
+    RankFiles {
+        dir: PathBuf,
+        kind: &'static str,
+        found: Vec<usize>,
+        expected: usize,
+    },
+}
+
+type Result<T> = std::result::Result<T, FilesError>;
+
+pub const CONFIG_FILE: &str = "config.json";
+const WEIGHTS: &str = "weights";
+const INPUTS: &str = "inputs";
+const OUTPUT: &str = "y";
+
+fn rank_path(dir: &Path, kind: &str, rank: usize) -> PathBuf {
+    dir.join(format!("{kind}.rank{rank}.safetensors"))
+}
+
+pub fn weights_path(dir: &Path, rank: usize) -> PathBuf {
+    rank_path(dir, WEIGHTS, rank)
+}
+
+pub fn inputs_path(dir: &Path, rank: usize) -> PathBuf {
+    rank_path(dir, INPUTS, rank)
+}
+
+pub fn output_path(dir: &Path, rank: usize) -> PathBuf {
+    rank_path(dir, OUTPUT, rank)
+}
+
+/// The ranks r, sorted, for which `dir` holds a `{kind}.rank{r}.safetensors`.
+fn ranks_present(dir: &Path, kind: &str) -> Result<Vec<usize>> {
+    let io = |source| FilesError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    let prefix = format!("{kind}.rank");
+    let mut ranks = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let name = entry.map_err(io)?.file_name();
+        let rank: Option<usize> = name.to_str().and_then(|n| {
+            n.strip_prefix(&prefix)?
+                .strip_suffix(".safetensors")?
+                .parse()
+                .ok()
+        });
+        ranks.extend(rank);
+    }
+    ranks.sort_unstable();
+    Ok(ranks)
+}
+
+/// The ranks with an output file in `dir`.
+pub fn output_ranks(dir: &Path) -> Result<Vec<usize>> {
+    ranks_present(dir, OUTPUT)
+}
+
+/// Checks that `dir` holds exactly one weights and one inputs file per rank 0..num_ranks.
+pub fn check_rank_files(dir: &Path, config: &Config) -> Result<()> {
+    for kind in [WEIGHTS, INPUTS] {
+        let found = ranks_present(dir, kind)?;
+        if !found.iter().copied().eq(0..config.num_ranks) {
+            return Err(FilesError::RankFiles {
+                dir: dir.to_owned(),
+                kind,
+                found,
+                expected: config.num_ranks,
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn read_config(dir: &Path) -> Result<Config> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| FilesError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Config::from_json(&text).map_err(|source| FilesError::Config { path, source })
+}
+
+/// Creates `dir` if needed and writes `config.json`.
+pub fn write_config(dir: &Path, config: &Config) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| FilesError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let path = dir.join(CONFIG_FILE);
+    std::fs::write(&path, config.to_json()).map_err(|source| FilesError::Io { path, source })
+}
+
+/// One safetensors file read whole, with its path for error messages.
+struct TensorFile {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl TensorFile {
+    fn read(path: PathBuf) -> Result<TensorFile> {
+        let bytes = std::fs::read(&path).map_err(|source| FilesError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(TensorFile { path, bytes })
+    }
+
+    /// Parses the file and checks that it holds exactly the tensors `names`.
+    fn tensors(&self, names: &[&'static str]) -> Result<SafeTensors<'_>> {
+        let st =
+            SafeTensors::deserialize(&self.bytes).map_err(|source| FilesError::Safetensors {
+                path: self.path.clone(),
+                source,
+            })?;
+        if let Some(extra) = st.names().into_iter().find(|n| !names.contains(n)) {
+            return Err(FilesError::Unexpected {
+                path: self.path.clone(),
+                tensor: extra.to_owned(),
+                expected: names.join(", "),
+            });
+        }
+        Ok(st)
+    }
+
+    /// Tensor `name` with dtype `dtype` and shape `shape`; `tokens` = the `x` token count for
+    /// token-major tensors, so a wrong first dimension is reported as a token mismatch.
+    fn get<'a>(
+        &self,
+        st: &SafeTensors<'a>,
+        name: &'static str,
+        dtype: Dtype,
+        shape: &[usize],
+        tokens: Option<usize>,
+    ) -> Result<TensorView<'a>> {
+        let view = st.tensor(name).map_err(|_| FilesError::Missing {
+            path: self.path.clone(),
+            tensor: name,
+        })?;
+        if view.dtype() != dtype {
+            return Err(FilesError::Dtype {
+                path: self.path.clone(),
+                tensor: name,
+                expected: dtype,
+                got: view.dtype(),
+            });
+        }
+        let got = view.shape();
+        let problem = match tokens {
+            Some(t) if got.len() == shape.len() && got[0] != t && got[1..] == shape[1..] => {
+                Some(ProblemError::Tokens {
+                    tensor: name,
+                    expected: t,
+                    got: got[0],
+                })
+            }
+            _ if got != shape => Some(ProblemError::Shape {
+                tensor: name,
+                expected: shape.to_vec(),
+                got: got.to_vec(),
+            }),
+            _ => None,
+        };
+        match problem {
+            Some(source) => Err(FilesError::Problem {
+                path: self.path.clone(),
+                source,
+            }),
+            None => Ok(view),
+        }
+    }
+
+    fn problem(&self, source: ProblemError) -> FilesError {
+        FilesError::Problem {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+fn write_tensors(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>, &[u8])>) -> Result<()> {
+    let views: Vec<(&str, TensorView)> = tensors
+        .into_iter()
+        .map(|(name, dtype, shape, data)| {
+            (
+                name,
+                TensorView::new(dtype, shape, data).expect("shape matches data"),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).map_err(|source| FilesError::Safetensors {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads and validates the weights of `rank`.
+pub fn read_weights(dir: &Path, config: &Config, rank: usize) -> Result<RankWeights> {
+    let file = TensorFile::read(weights_path(dir, rank))?;
+    let shapes = problem::weight_shapes(config);
+    let st = file.tensors(&shapes.each_ref().map(|(n, _)| *n))?;
+    let [w1, w1_sf, w2, w2_sf] = shapes.map(|(name, shape)| {
+        file.get(&st, name, Dtype::U8, &shape, None)
+            .map(|v| v.data().to_vec())
+    });
+    let weights = RankWeights {
+        w1: w1?,
+        w1_sf: w1_sf?,
+        w2: w2?,
+        w2_sf: w2_sf?,
+    };
+    weights.validate(config).map_err(|e| file.problem(e))?;
+    Ok(weights)
+}
+
+pub fn write_weights(
+    dir: &Path,
+    config: &Config,
+    rank: usize,
+    weights: &RankWeights,
+) -> Result<()> {
+    let [(n1, s1), (n2, s2), (n3, s3), (n4, s4)] = problem::weight_shapes(config);
+    write_tensors(
+        &weights_path(dir, rank),
+        vec![
+            (n1, Dtype::U8, s1, &weights.w1),
+            (n2, Dtype::U8, s2, &weights.w1_sf),
+            (n3, Dtype::U8, s3, &weights.w2),
+            (n4, Dtype::U8, s4, &weights.w2_sf),
+        ],
+    )
+}
+
+/// Dtypes of the input tensors, in `problem::input_shapes` order.
+const INPUT_DTYPES: [Dtype; 4] = [Dtype::F8_E4M3, Dtype::U8, Dtype::I64, Dtype::F32];
+
+/// Reads and validates the inputs of `rank`; T comes from `x`.
+pub fn read_inputs(dir: &Path, config: &Config, rank: usize) -> Result<RankInputs> {
+    let file = TensorFile::read(inputs_path(dir, rank))?;
+    let names = problem::input_shapes(config, 0).map(|(n, _)| n);
+    let st = file.tensors(&names)?;
+    let tokens = st
+        .tensor("x")
+        .ok()
+        .and_then(|v| v.shape().first().copied())
+        .unwrap_or(0);
+    let shapes = problem::input_shapes(config, tokens);
+    let get = |i: usize| {
+        let (name, shape) = &shapes[i];
+        file.get(&st, name, INPUT_DTYPES[i], shape, (i > 0).then_some(tokens))
+            .map(|v| v.data())
+    };
+    let inputs = RankInputs {
+        tokens,
+        x: get(0)?.to_vec(),
+        x_sf: get(1)?.to_vec(),
+        topk_idx: bytemuck::pod_collect_to_vec(get(2)?),
+        topk_weights: bytemuck::pod_collect_to_vec(get(3)?),
+    };
+    inputs.validate(config).map_err(|e| file.problem(e))?;
+    Ok(inputs)
+}
+
+pub fn write_inputs(dir: &Path, config: &Config, rank: usize, inputs: &RankInputs) -> Result<()> {
+    let [(n1, s1), (n2, s2), (n3, s3), (n4, s4)] = problem::input_shapes(config, inputs.tokens);
+    write_tensors(
+        &inputs_path(dir, rank),
+        vec![
+            (n1, INPUT_DTYPES[0], s1, &inputs.x),
+            (n2, INPUT_DTYPES[1], s2, &inputs.x_sf),
+            (
+                n3,
+                INPUT_DTYPES[2],
+                s3,
+                bytemuck::cast_slice(&inputs.topk_idx),
+            ),
+            (
+                n4,
+                INPUT_DTYPES[3],
+                s4,
+                bytemuck::cast_slice(&inputs.topk_weights),
+            ),
+        ],
+    )
+}
+
+/// Reads `config.json`, checks the rank files and reads every rank.
+pub fn read_problem(dir: &Path) -> Result<Problem> {
+    let config = read_config(dir)?;
+    check_rank_files(dir, &config)?;
+    let ranks = 0..config.num_ranks;
+    Ok(Problem {
+        weights: ranks
+            .clone()
+            .map(|r| read_weights(dir, &config, r))
+            .collect::<Result<_>>()?,
+        inputs: ranks
+            .map(|r| read_inputs(dir, &config, r))
+            .collect::<Result<_>>()?,
+        config,
+    })
+}
+
+/// Writes `config.json` and every rank's weights and inputs.
+pub fn write_problem(dir: &Path, problem: &Problem) -> Result<()> {
+    write_config(dir, &problem.config)?;
+    for (rank, (w, x)) in problem.weights.iter().zip(&problem.inputs).enumerate() {
+        write_weights(dir, &problem.config, rank, w)?;
+        write_inputs(dir, &problem.config, rank, x)?;
+    }
+    Ok(())
+}
+
+/// An output `y`: BF16 `[tokens, hidden]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    pub tokens: usize,
+    pub hidden: usize,
+    pub y: Vec<bf16>,
+}
+
+pub fn write_output(path: &Path, output: &Output) -> Result<()> {
+    let shape = vec![output.tokens, output.hidden];
+    write_tensors(
+        path,
+        vec![(OUTPUT, Dtype::BF16, shape, bytemuck::cast_slice(&output.y))],
+    )
+}
+
+/// Reads a `y` file: one BF16 tensor `y` of two dimensions.
+pub fn read_output(path: &Path) -> Result<Output> {
+    let file = TensorFile::read(path.to_owned())?;
+    let st = file.tensors(&[OUTPUT])?;
+    let view = st.tensor(OUTPUT).map_err(|_| FilesError::Missing {
+        path: file.path.clone(),
+        tensor: OUTPUT,
+    })?;
+    let shape = view.shape().to_vec();
+    let [tokens, hidden] = shape[..] else {
+        return Err(file.problem(ProblemError::Shape {
+            tensor: OUTPUT,
+            expected: vec![0, 0],
+            got: shape,
+        }));
+    };
+    let view = file.get(&st, OUTPUT, Dtype::BF16, &shape, None)?;
+    Ok(Output {
+        tokens,
+        hidden,
+        y: bytemuck::pod_collect_to_vec(view.data()),
+    })
+}
