@@ -15,6 +15,8 @@ pub use quant::{Recipe, TieMode};
 
 /// The device twin of this crate, for the JIT's in-memory include tree.
 pub const CUDA_HEADER: (&str, &str) = ("fp_formats.cuh", include_str!("../cuda/fp_formats.cuh"));
+/// Kernels that exercise every device function over every code and random values (GPU twin test).
+pub const TWIN_TEST_SOURCE: (&str, &str) = ("twin_test.cu", include_str!("../cuda/twin_test.cu"));
 
 /// Rounds an f32 to the nearest BF16 (ties to even) and widens it back. NaN stays NaN.
 #[inline]

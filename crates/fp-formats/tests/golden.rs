@@ -2,46 +2,12 @@
 //! `scripts/golden_fp.py` draws the same inputs (splitmix64, re-implemented below) and writes
 //! the BLAKE3 of each output stream plus its first values to `data/golden_fp.json`.
 
-use fp_formats::{bf16, e2m1, e4m3};
+mod common;
+
+use common::{bf16_bits, input};
+use fp_formats::{e2m1, e4m3};
 
 const GOLDEN: &str = include_str!("data/golden_fp.json");
-
-fn splitmix64(seed: u64, index: u64) -> u64 {
-    let mut z = seed.wrapping_add((index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn input(seed: u64, index: u64) -> f32 {
-    let z = splitmix64(seed, index);
-    let (mode, sign) = (z & 3, (z >> 2) & 1);
-    let pick = z >> 26;
-    let exp = if mode == 2 {
-        -3 + (pick % 7) as i64
-    } else {
-        -12 + (pick % 22) as i64
-    };
-    let mant = if mode == 3 {
-        ((z >> 3) & 0x1f) << 18
-    } else {
-        (z >> 3) & 0x7f_ffff
-    };
-    let bits = if mode == 0 {
-        z >> 32
-    } else {
-        (sign << 31) | (((exp + 127) as u64) << 23) | mant
-    };
-    f32::from_bits(bits as u32)
-}
-
-fn bf16_bits(x: f32) -> u16 {
-    if x.is_nan() {
-        ((x.to_bits() >> 16) as u16 & 0x8000) | 0x7fc0
-    } else {
-        bf16::from_f32(x).to_bits()
-    }
-}
 
 fn check_stream(golden: &serde_json::Value, name: &str, bytes: &[u8]) {
     let want_hash = golden["blake3"][name].as_str().unwrap();
