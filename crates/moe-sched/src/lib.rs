@@ -1,0 +1,1 @@
+//! `moe-sched`: MegaMoE scheduling (being written).

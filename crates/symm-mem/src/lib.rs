@@ -1,0 +1,24 @@
+//! `symm-mem` owns the symmetric buffer of MegaMoE: one allocation of identical layout on every
+//! rank, reached from peers by adding the difference of the two ranks' base addresses.
+//!
+//! - [`layout`]: the regions of the buffer (workspace counters, inputs, the L1/L2 pools, the
+//!   combine buffer), their offsets and alignments, and the pool capacity that every valid routing
+//!   fits in.
+//! - [`device`]: the `#[repr(C)]` structs the kernel sees ([`SymmBuffer`], [`TokenSrc`]), pinned
+//!   field by field against `cuda/symm_buffer.cuh`.
+//!
+//! World backends (allocation, peer mapping) come later; this crate is host-only so far.
+
+pub mod device;
+pub mod error;
+pub mod layout;
+
+pub use device::{SymmBuffer, TokenSrc};
+pub use error::SymmError;
+pub use layout::{BlockMs, ByteSize, Region, SymmLayout, SymmParams, pool_capacity};
+
+/// Most ranks a buffer can span (one NVL72 domain); the device view has one offset slot each.
+pub const MAX_RANKS: usize = 72;
+
+/// The device twin of [`device`], for the JIT's in-memory include tree.
+pub const CUDA_HEADER: (&str, &str) = ("symm_buffer.cuh", include_str!("../cuda/symm_buffer.cuh"));
