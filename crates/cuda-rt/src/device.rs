@@ -1,0 +1,177 @@
+//! Devices: discovery that returns errors instead of panicking, the [`Gpu`] handle (primary context +
+//! one stream), and the few memory helpers cudarc's `CudaStream` lacks in checked form.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+    result, sys,
+};
+
+use crate::error::DriverCall;
+use crate::{Arch, Error, Result};
+
+/// Loads libcuda and runs `cuInit` once. cudarc panics on the first driver call when libcuda is absent,
+/// so every driver entry point of this crate goes through here first.
+pub(crate) fn driver() -> Result<()> {
+    static INIT: OnceLock<Result<(), sys::CUresult>> = OnceLock::new();
+    let init = INIT.get_or_init(|| {
+        // SAFETY: only probes dlopen.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(sys::CUresult::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED);
+        }
+        result::init().map_err(|e| e.0)
+    });
+    match *init {
+        Ok(()) => Ok(()),
+        Err(sys::CUresult::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED) => Err(Error::NoDriver),
+        Err(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Err(Error::NoDevice),
+        Err(code) => Err(Error::Driver {
+            call: "cuInit",
+            source: result::DriverError(code),
+        }),
+    }
+}
+
+/// Whether libcuda can be loaded here (no driver call is made).
+pub fn driver_present() -> bool {
+    // SAFETY: only probes dlopen.
+    unsafe { sys::is_culib_present() }
+}
+
+/// What the driver says about one device; read without creating a context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    /// Largest shared memory one block may opt into (`cudaFuncAttributeMaxDynamicSharedMemorySize`).
+    pub smem_per_block_optin: u32,
+    pub l2_bytes: u32,
+    pub total_mem_bytes: usize,
+}
+
+impl DeviceInfo {
+    /// The compile target for this device, if we have one.
+    pub fn arch(&self) -> Option<Arch> {
+        Arch::for_compute_capability(self.compute_capability)
+    }
+
+    fn query(ordinal: usize) -> Result<Self> {
+        let dev = result::device::get(ordinal as i32).call("cuDeviceGet")?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<u32> {
+            // SAFETY: `dev` is a valid device handle.
+            let v =
+                unsafe { result::device::get_attribute(dev, a) }.call("cuDeviceGetAttribute")?;
+            Ok(v.max(0) as u32)
+        };
+        use sys::CUdevice_attribute as A;
+        Ok(Self {
+            ordinal,
+            name: result::device::get_name(dev).call("cuDeviceGetName")?,
+            compute_capability: (
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            smem_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+            l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+            // SAFETY: as above.
+            total_mem_bytes: unsafe { result::device::total_mem(dev) }.call("cuDeviceTotalMem")?,
+        })
+    }
+}
+
+/// One device, opened: its primary context and a non-blocking stream for this handle's work.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl Gpu {
+    /// Number of devices; `Err(NoDriver)` without libcuda.
+    pub fn count() -> Result<usize> {
+        driver()?;
+        let n = result::device::get_count().call("cuDeviceGetCount")?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Every device; `Err(NoDriver)` / `Err(NoDevice)` when there is none.
+    pub fn list() -> Result<Vec<DeviceInfo>> {
+        match Self::count()? {
+            0 => Err(Error::NoDevice),
+            n => (0..n).map(DeviceInfo::query).collect(),
+        }
+    }
+
+    /// Opens device `ordinal` (retains its primary context, creates a stream).
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let count = Self::count()?;
+        if count == 0 {
+            return Err(Error::NoDevice);
+        }
+        if ordinal >= count {
+            return Err(Error::InvalidOrdinal { ordinal, count });
+        }
+        let info = DeviceInfo::query(ordinal)?;
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        let stream = ctx.new_stream().call("cuStreamCreate")?;
+        tracing::debug!(?info, "GPU opened");
+        Ok(Self { info, ctx, stream })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.info.ordinal
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// This handle's stream; the memory helpers below and most launches use it.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().call("cuStreamCreate")
+    }
+
+    /// Waits for this handle's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().call("cuStreamSynchronize")
+    }
+
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros(len).call("cuMemAllocAsync")
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream.clone_htod(host).call("cuMemcpyHtoDAsync")
+    }
+
+    /// Copies `src` to the host once the stream's earlier work is done.
+    pub fn download<T: DeviceRepr>(&self, src: &impl DevicePtr<T>) -> Result<Vec<T>> {
+        let host = self.stream.clone_dtoh(src).call("cuMemcpyDtoHAsync")?;
+        self.synchronize()?;
+        Ok(host)
+    }
+
+    /// Sets every byte of `dst` to `byte` (e.g. 0xFF to poison an output), ordered on the stream.
+    pub fn memset<T>(&self, dst: &mut impl DevicePtrMut<T>, byte: u8) -> Result<()> {
+        let bytes = dst.num_bytes();
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let (ptr, _record) = dst.device_ptr_mut(&self.stream);
+        // SAFETY: `ptr` addresses `bytes` bytes of this context's memory; `_record` orders later users.
+        unsafe { sys::cuMemsetD8Async(ptr, byte, bytes, self.stream.cu_stream()) }
+            .result()
+            .call("cuMemsetD8Async")
+    }
+}

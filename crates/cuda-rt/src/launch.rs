@@ -1,0 +1,230 @@
+//! Launching: [`LaunchConfig`] (grid, block, dynamic shared memory, cluster shape, cooperative) and the
+//! [`Launch`] argument builder. Every launch goes through `cuLaunchKernelEx`, since cudarc's launch has
+//! no cluster attribute.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop, sys};
+
+use crate::error::DriverCall;
+use crate::{Error, Kernel, Result, TensorMap};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_smem_bytes: u32,
+    /// Thread-block cluster shape (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`); each grid dimension must
+    /// be a multiple of it. Kernels compiled with `__cluster_dims__` need none.
+    pub cluster: Option<[u32; 3]>,
+    /// All blocks co-resident (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`), as grid-wide barriers require.
+    pub cooperative: bool,
+}
+
+impl LaunchConfig {
+    pub fn new(grid: [u32; 3], block: [u32; 3]) -> Self {
+        Self {
+            grid,
+            block,
+            dynamic_smem_bytes: 0,
+            cluster: None,
+            cooperative: false,
+        }
+    }
+
+    /// A 1-D grid of 1-D blocks.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self::new([blocks, 1, 1], [threads, 1, 1])
+    }
+
+    pub fn dynamic_smem(mut self, bytes: u32) -> Self {
+        self.dynamic_smem_bytes = bytes;
+        self
+    }
+
+    pub fn cluster(mut self, shape: [u32; 3]) -> Self {
+        self.cluster = Some(shape);
+        self
+    }
+
+    pub fn cooperative(mut self) -> Self {
+        self.cooperative = true;
+        self
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.grid.contains(&0) || self.block.contains(&0) {
+            return Err(format!(
+                "grid {:?} and block {:?} must be non-zero",
+                self.grid, self.block
+            ));
+        }
+        let threads: u64 = self.block.iter().map(|&d| u64::from(d)).product();
+        if threads > 1024 {
+            return Err(format!(
+                "block {:?} has {threads} threads, more than 1024",
+                self.block
+            ));
+        }
+        if let Some(cluster) = self.cluster {
+            let fits = cluster
+                .iter()
+                .zip(&self.grid)
+                .all(|(&c, &g)| c > 0 && g % c == 0);
+            if !fits {
+                return Err(format!(
+                    "grid {:?} is not a multiple of cluster {cluster:?}",
+                    self.grid
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One kernel parameter's bytes. Every slot is 128 bytes, 128-aligned: big enough for a `CUtensorMap`
+/// (passed by value as a `__grid_constant__` parameter) and aligned for anything smaller. The driver
+/// copies them at launch, so they only need to stay put during `cuLaunchKernelEx`.
+#[repr(C, align(128))]
+struct ArgSlot([u8; 128]);
+
+/// A launch being assembled; see [`Kernel::launch`]. Arguments are added in the kernel's parameter order.
+/// Device buffers are borrowed until the launch is queued, and cudarc's event tracking orders them
+/// against other streams.
+#[must_use = "a launch does nothing until `.launch()`"]
+pub struct Launch<'a> {
+    kernel: &'a Kernel,
+    stream: &'a CudaStream,
+    config: LaunchConfig,
+    args: Vec<ArgSlot>,
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Launch<'a> {
+    pub(crate) fn new(kernel: &'a Kernel, stream: &'a CudaStream, config: LaunchConfig) -> Self {
+        Self {
+            kernel,
+            stream,
+            config,
+            args: Vec::new(),
+            guards: Vec::new(),
+        }
+    }
+
+    /// A `const T*` parameter.
+    pub fn ptr<T>(mut self, buf: &'a impl DevicePtr<T>) -> Self {
+        let (ptr, guard) = buf.device_ptr(self.stream);
+        self.guards.push(guard);
+        self.scalar(ptr)
+    }
+
+    /// A `T*` parameter the kernel writes.
+    pub fn ptr_mut<T>(mut self, buf: &'a mut impl DevicePtrMut<T>) -> Self {
+        let (ptr, guard) = buf.device_ptr_mut(self.stream);
+        self.guards.push(guard);
+        self.scalar(ptr)
+    }
+
+    /// A by-value parameter: integers, floats, raw device addresses (`u64`), `#[repr(C)]` POD structs.
+    pub fn scalar<T: bytemuck::Pod>(mut self, value: T) -> Self {
+        const {
+            assert!(
+                size_of::<T>() <= 128,
+                "kernel parameters are at most 128 bytes here"
+            )
+        };
+        let mut slot = ArgSlot([0; 128]);
+        slot.0[..size_of::<T>()].copy_from_slice(bytemuck::bytes_of(&value));
+        self.args.push(slot);
+        self
+    }
+
+    /// A `const __grid_constant__ CUtensorMap` parameter.
+    pub fn tensor_map(mut self, map: &TensorMap) -> Self {
+        self.args.push(ArgSlot(map.to_bytes()));
+        self
+    }
+
+    /// Queues the kernel on the stream.
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameter list in number, order and type, and the kernel
+    /// must stay within the buffers it is given: neither can be checked from the host.
+    pub unsafe fn launch(self) -> Result<()> {
+        let kernel = self.kernel;
+        let config = self.config;
+        config.check().map_err(|reason| Error::InvalidLaunch {
+            kernel: kernel.name().to_owned(),
+            reason,
+        })?;
+        kernel.reserve_dynamic_smem(config.dynamic_smem_bytes)?;
+        kernel.context().bind_to_thread().call("cuCtxSetCurrent")?;
+
+        let mut attrs = Vec::with_capacity(2);
+        if let Some([x, y, z]) = config.cluster {
+            // SAFETY: an all-zero attribute value is valid; one union field is then written.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.clusterDim.x = x;
+            value.clusterDim.y = y;
+            value.clusterDim.z = z;
+            attrs.push(attribute(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                value,
+            ));
+        }
+        if config.cooperative {
+            // SAFETY: as above.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.cooperative = 1;
+            attrs.push(attribute(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                value,
+            ));
+        }
+        let [gx, gy, gz] = config.grid;
+        let [bx, by, bz] = config.block;
+        let launch_config = sys::CUlaunchConfig {
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: gz,
+            blockDimX: bx,
+            blockDimY: by,
+            blockDimZ: bz,
+            sharedMemBytes: config.dynamic_smem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        let mut params: Vec<*mut c_void> = self
+            .args
+            .iter()
+            .map(|slot| slot.0.as_ptr().cast_mut().cast())
+            .collect();
+        // SAFETY: the config, attributes and parameter slots outlive the call, which copies them; the
+        // parameter list itself is the caller's contract.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &launch_config,
+                kernel.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .call("cuLaunchKernelEx")?;
+        // Dropping the guards now records the buffers' use by this launch.
+        drop(self.guards);
+        Ok(())
+    }
+}
+
+fn attribute(
+    id: sys::CUlaunchAttributeID,
+    value: sys::CUlaunchAttributeValue,
+) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id,
+        pad: [0; 4],
+        value,
+    }
+}
