@@ -10,3 +10,7 @@ extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, 1)
     mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ TmaDescriptor act_map) {
   mm::gemm::moe_gemm<MM_BN, MM_G128 != 0>(params, &act_map);
 }
+
+// The host computes the same shared-memory plan (megamoe-kernel/src/gemm.rs, `TilePlan`).
+static_assert(mm::gemm::Layout<MM_BN, MM_G128 != 0>::kStages == MM_STAGES, "host and device disagree on stages");
+static_assert(mm::gemm::Layout<MM_BN, MM_G128 != 0>::kSmemBytes == MM_SMEM_BYTES, "host and device disagree on smem");

@@ -3,8 +3,11 @@
 //! specializations (`KernelSpec`s) and their launches. Today: the Hopper grouped GEMM
 //! (`cuda/sm90_moe_gemm.cuh`), one core per recipe, the engine of the unfused and fused pipelines.
 
+pub mod gemm;
+pub mod problem;
 pub mod transform;
 
+pub use gemm::{DeviceWeights, GemmCore, GemmError, Pool, TilePlan};
 pub use transform::{GemmWeights, TransformError, transform_weights};
 
 /// Device sources of this crate, for the JIT's in-memory include tree.

@@ -1,0 +1,354 @@
+//! The Hopper grouped GEMM (`cuda/sm90_moe_gemm.cuh`) from the host: its JIT specializations
+//! (recipe × tokens per tile), the shared-memory plan they are compiled with, weights and pools
+//! on the device, input validation, and the launch.
+
+use cuda_rt::tma::{Swizzle, TensorMapDesc, TmaDataType};
+use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use fp_formats::Recipe;
+
+use crate::transform::{BLOCK_K, CODE_BYTES, GemmWeights, TILE_ROWS};
+
+/// Tokens per tile (the WGMMA N) the kernel is built for.
+pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
+/// Threads per CTA: a producer warpgroup and two consumer warpgroups.
+const THREADS: u32 = 384;
+/// Dynamic shared memory the pipeline may fill (the rest of the 227 KiB is slack and barriers).
+const SMEM_BUDGET: usize = 225 * 1024;
+const MAX_STAGES: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GemmError {
+    #[error(transparent)]
+    Cuda(#[from] cuda_rt::Error),
+    #[error(transparent)]
+    Tma(#[from] cuda_rt::tma::TmaError),
+    #[error("tokens per tile {0} is not one of {TOKEN_TILES:?}")]
+    TokenTile(usize),
+    #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
+    RecipeMismatch { core: Recipe, weights: Recipe },
+    #[error("{what}: {detail}")]
+    Pool { what: &'static str, detail: String },
+}
+
+/// The shared-memory plan of one specialization; mirrors `Layout<BN, kG128>` in the kernel, which
+/// asserts at compile time that it agrees (`MM_SMEM_BYTES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TilePlan {
+    pub recipe: Recipe,
+    pub tokens_per_tile: usize,
+    pub stages: usize,
+    pub stage_bytes: usize,
+}
+
+impl TilePlan {
+    pub fn new(recipe: Recipe, tokens_per_tile: usize) -> Result<Self, GemmError> {
+        if !TOKEN_TILES.contains(&tokens_per_tile) {
+            return Err(GemmError::TokenTile(tokens_per_tile));
+        }
+        let bn = tokens_per_tile;
+        let (act, sf) = match recipe {
+            Recipe::G128 => (bn * 128, bn.div_ceil(128) * 128),
+            Recipe::Mx32 => (bn * 128 * 2, 0),
+        };
+        let stage_bytes = (act + CODE_BYTES + 4 * TILE_ROWS + sf).next_multiple_of(1024);
+        let stages = (SMEM_BUDGET / stage_bytes).min(MAX_STAGES);
+        Ok(Self {
+            recipe,
+            tokens_per_tile,
+            stages,
+            stage_bytes,
+        })
+    }
+
+    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, two mbarriers a stage.
+    pub fn smem_bytes(&self) -> usize {
+        1024 + self.stages * self.stage_bytes + 16 * self.stages
+    }
+
+    /// The JIT specialization.
+    pub fn spec(&self) -> KernelSpec {
+        let mut spec = KernelSpec::new(
+            format!(
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}",
+                self.recipe, self.tokens_per_tile
+            ),
+            crate::GEMM_SOURCE,
+        )
+        .header(fp_formats::CUDA_HEADER)
+        .define("MM_BN", self.tokens_per_tile)
+        .define("MM_G128", u8::from(self.recipe == Recipe::G128))
+        .define("MM_STAGES", self.stages)
+        .define("MM_SMEM_BYTES", self.smem_bytes())
+        .arches(&[Arch::Sm90a])
+        .no_spill();
+        for header in crate::CUDA_HEADERS {
+            spec = spec.header(header);
+        }
+        spec
+    }
+
+    /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
+    /// that covers them, so few-token experts don't pay for idle tensor-core columns.
+    pub fn tokens_per_tile_for(avg_rows: f64) -> usize {
+        TOKEN_TILES
+            .into_iter()
+            .find(|&bn| bn as f64 >= avg_rows)
+            .unwrap_or(256)
+    }
+}
+
+/// Every specialization, for `cargo xtask kernels`.
+pub fn kernels() -> Vec<KernelSpec> {
+    [Recipe::G128, Recipe::Mx32]
+        .into_iter()
+        .flat_map(|recipe| {
+            TOKEN_TILES.map(move |bn| TilePlan::new(recipe, bn).expect("listed tile").spec())
+        })
+        .collect()
+}
+
+/// `GemmParams` of the kernel, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct GemmParams {
+    w_codes: u64,
+    w_meta: u64,
+    act_sf: u64,
+    out: u64,
+    expert_offset: u64,
+    expert_rows: u64,
+    num_experts: i32,
+    n_out: i32,
+    k: i32,
+    sf_stride: i32,
+}
+
+/// Transformed expert weights on one GPU.
+pub struct DeviceWeights {
+    pub recipe: Recipe,
+    pub num_experts: usize,
+    pub n: usize,
+    pub k: usize,
+    codes: CudaSlice<u8>,
+    meta: CudaSlice<u32>,
+}
+
+impl DeviceWeights {
+    pub fn upload(gpu: &Gpu, w: &GemmWeights) -> Result<Self, GemmError> {
+        Ok(Self {
+            recipe: w.recipe,
+            num_experts: w.num_experts,
+            n: w.n,
+            k: w.k,
+            codes: gpu.upload(&w.codes)?,
+            meta: gpu.upload(&w.meta)?,
+        })
+    }
+
+    /// Bytes one full pass over `experts` experts reads.
+    pub fn bytes_per_expert(&self) -> usize {
+        self.n * self.k / 2 + self.n * (self.k / BLOCK_K) * 4
+    }
+}
+
+/// An expert-contiguous activation pool on the device.
+/// g128: `act` is E4M3 `[rows][k]` and `act_sf` UE8M0 `[k/128][sf_stride]` (MN-major);
+/// mx32: `act` is BF16 `[rows][k]` (E4M3 × 2^scale, exactly widened) and there are no scales.
+pub struct Pool<'a> {
+    pub act: &'a CudaSlice<u8>,
+    pub act_sf: Option<&'a CudaSlice<u8>>,
+    pub sf_stride: usize,
+    pub rows: usize,
+    /// First row of each expert (multiples of 16) and its row count, as the host sees them.
+    pub expert_offset: &'a [i32],
+    pub expert_rows: &'a [i32],
+    /// The same two arrays on the device.
+    pub expert_offset_dev: &'a CudaSlice<i32>,
+    pub expert_rows_dev: &'a CudaSlice<i32>,
+}
+
+/// One compiled specialization, ready to launch.
+pub struct GemmCore {
+    pub plan: TilePlan,
+    kernel: Kernel,
+    sm_count: u32,
+}
+
+impl GemmCore {
+    pub fn new(gpu: &Gpu, jit: &Jit, plan: TilePlan) -> Result<Self, GemmError> {
+        let compiled = jit.compile(&plan.spec(), Arch::Sm90a)?;
+        tracing::debug!(spec = %plan.spec().name, outcome = ?compiled.outcome, ms = compiled.elapsed.as_secs_f64() * 1e3, "GEMM core ready");
+        let module = gpu.load_module(&compiled.cubin)?;
+        Ok(Self {
+            plan,
+            kernel: module.kernel("mm_moe_gemm")?,
+            sm_count: gpu.info().sm_count,
+        })
+    }
+
+    /// `out[row][n] = bf16(Σ_k act[row][k] · w_e[n][k])` for every row of every expert; other rows of
+    /// `out` (padding between experts) are not written. `out` is BF16 bits `[pool.rows][weights.n]`.
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        weights: &DeviceWeights,
+        pool: &Pool,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<(), GemmError> {
+        self.check(weights, pool, out.len())?;
+        let bn = self.plan.tokens_per_tile as u32;
+        let (data_type, elem) = match self.plan.recipe {
+            Recipe::G128 => (TmaDataType::U8, 1u64),
+            Recipe::Mx32 => (TmaDataType::BF16, 2u64),
+        };
+        let stream = gpu.stream();
+        let (act_addr, _act) = pool.act.device_ptr(stream);
+        let k = weights.k as u64;
+        // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile.
+        let map = TensorMapDesc::matrix(
+            data_type,
+            act_addr,
+            [pool.rows as u64, k],
+            k * elem,
+            [bn, (128 / elem) as u32],
+        )
+        .swizzle(Swizzle::B128)
+        .encode()?;
+        let (codes, _g1) = weights.codes.device_ptr(stream);
+        let (meta, _g2) = weights.meta.device_ptr(stream);
+        let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
+        let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
+        let (act_sf, _g5) = match pool.act_sf {
+            Some(sf) => {
+                let (addr, guard) = sf.device_ptr(stream);
+                (addr, Some(guard))
+            }
+            None => (0, None),
+        };
+        let (out_addr, _g6) = out.device_ptr_mut(stream);
+        let params = GemmParams {
+            w_codes: codes,
+            w_meta: meta,
+            act_sf,
+            out: out_addr,
+            expert_offset: offsets,
+            expert_rows: rows,
+            num_experts: weights.num_experts as i32,
+            n_out: weights.n as i32,
+            k: weights.k as i32,
+            sf_stride: pool.sf_stride as i32,
+        };
+        let config = LaunchConfig::linear(self.sm_count, THREADS)
+            .dynamic_smem(self.plan.smem_bytes() as u32);
+        // SAFETY: `check` proved every buffer covers what the kernel reads and writes for this pool.
+        unsafe {
+            self.kernel
+                .launch(stream, config)
+                .scalar(params)
+                .tensor_map(&map)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    fn check(&self, weights: &DeviceWeights, pool: &Pool, out_len: usize) -> Result<(), GemmError> {
+        let bad = |what, detail: String| Err(GemmError::Pool { what, detail });
+        if weights.recipe != self.plan.recipe {
+            return Err(GemmError::RecipeMismatch {
+                core: self.plan.recipe,
+                weights: weights.recipe,
+            });
+        }
+        let elem = if self.plan.recipe == Recipe::G128 {
+            1
+        } else {
+            2
+        };
+        if pool.act.len() < pool.rows * weights.k * elem {
+            return bad(
+                "activations",
+                format!(
+                    "{} bytes for {} rows of K = {}",
+                    pool.act.len(),
+                    pool.rows,
+                    weights.k
+                ),
+            );
+        }
+        if out_len < pool.rows * weights.n {
+            return bad(
+                "output",
+                format!("{out_len} elements for {} rows of {}", pool.rows, weights.n),
+            );
+        }
+        if pool.expert_offset.len() != weights.num_experts
+            || pool.expert_rows.len() != weights.num_experts
+        {
+            return bad(
+                "expert table",
+                format!(
+                    "{} offsets / {} counts for {} experts",
+                    pool.expert_offset.len(),
+                    pool.expert_rows.len(),
+                    weights.num_experts
+                ),
+            );
+        }
+        let bn = self.plan.tokens_per_tile;
+        for (e, (&off, &rows)) in pool.expert_offset.iter().zip(pool.expert_rows).enumerate() {
+            if off < 0 || rows < 0 || off % 16 != 0 {
+                return bad(
+                    "expert table",
+                    format!(
+                        "expert {e}: offset {off} (must be a non-negative multiple of 16), rows {rows}"
+                    ),
+                );
+            }
+            let (off, rows) = (off as usize, rows as usize);
+            if off + rows > pool.rows {
+                return bad(
+                    "expert table",
+                    format!(
+                        "expert {e}: rows {off}..{} past the pool's {} rows",
+                        off + rows,
+                        pool.rows
+                    ),
+                );
+            }
+            if self.plan.recipe == Recipe::G128
+                && rows > 0
+                && off + rows.next_multiple_of(bn) > pool.sf_stride
+            {
+                return bad(
+                    "activation scales",
+                    format!(
+                        "expert {e}: tiles read scales up to row {} but the stride is {}",
+                        off + rows.next_multiple_of(bn),
+                        pool.sf_stride
+                    ),
+                );
+            }
+        }
+        if self.plan.recipe == Recipe::G128 {
+            let Some(sf) = pool.act_sf else {
+                return bad(
+                    "activation scales",
+                    "g128 needs per-128 activation scales".into(),
+                );
+            };
+            if pool.sf_stride % 16 != 0 || sf.len() < pool.sf_stride * weights.k / BLOCK_K {
+                return bad(
+                    "activation scales",
+                    format!(
+                        "{} bytes, stride {} (a multiple of 16), K/128 = {}",
+                        sf.len(),
+                        pool.sf_stride,
+                        weights.k / BLOCK_K
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+}

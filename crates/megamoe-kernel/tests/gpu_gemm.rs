@@ -1,0 +1,214 @@
+//! The Hopper grouped GEMM on a GPU against the contract's reference (f64 sums of exact products,
+//! rounded once): both recipes, every tokens-per-tile specialization, the shapes of every preset
+//! and odd ones, experts with 0, 1, 7, 129 rows and one holding half of all rows. The output is
+//! poisoned first; every row of every expert must be written and the padding between experts not.
+
+use cuda_rt::{Gpu, Jit};
+use fp_formats::Recipe;
+use megamoe_kernel::problem::{ActPool, ExpertWeights, reference_rows};
+use megamoe_kernel::{DeviceWeights, GemmCore, Pool, TilePlan, transform_weights};
+
+const POISON: u16 = 0xFFFF; // a BF16 NaN
+
+fn calc_diff(a: &[f64], b: &[f64]) -> f64 {
+    let (mut ab, mut sq) = (0.0, 0.0);
+    for (x, y) in a.iter().zip(b) {
+        ab += x * y;
+        sq += x * x + y * y;
+    }
+    if sq == 0.0 { 0.0 } else { 1.0 - 2.0 * ab / sq }
+}
+
+struct Case<'a> {
+    recipe: Recipe,
+    tokens_per_tile: Option<usize>,
+    expert_rows: &'a [usize],
+    n: usize,
+    k: usize,
+    seed: u64,
+}
+
+/// Runs one case; returns (calc_diff over the checked rows, BF16 values that differ from the reference).
+fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
+    let Case {
+        recipe,
+        tokens_per_tile,
+        expert_rows,
+        n,
+        k,
+        seed,
+    } = case;
+    let experts = expert_rows.len();
+    let weights = ExpertWeights::random(experts, n, k, seed);
+    let transformed = transform_weights(recipe, &weights.w, &weights.w_sf, experts, n, k).unwrap();
+    let device_weights = DeviceWeights::upload(gpu, &transformed).unwrap();
+    let pool = ActPool::random(recipe, expert_rows, k, seed + 1);
+    let hit: Vec<usize> = expert_rows.iter().copied().filter(|&r| r > 0).collect();
+    let bn = tokens_per_tile.unwrap_or_else(|| {
+        TilePlan::tokens_per_tile_for(hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64)
+    });
+    let core = GemmCore::new(gpu, jit, TilePlan::new(recipe, bn).unwrap()).unwrap();
+
+    let sf_stride = pool.sf_stride(bn);
+    let (act, act_sf) = match recipe {
+        Recipe::G128 => (
+            gpu.upload(&pool.q).unwrap(),
+            Some(gpu.upload(&pool.g128_scales(sf_stride)).unwrap()),
+        ),
+        Recipe::Mx32 => (gpu.upload(&pool.mx32_widened()).unwrap(), None),
+    };
+    let offsets_dev = gpu.upload(&pool.expert_offset).unwrap();
+    let rows_dev = gpu.upload(&pool.expert_rows).unwrap();
+    let device_pool = Pool {
+        act: &act,
+        act_sf: act_sf.as_ref(),
+        sf_stride,
+        rows: pool.rows,
+        expert_offset: &pool.expert_offset,
+        expert_rows: &pool.expert_rows,
+        expert_offset_dev: &offsets_dev,
+        expert_rows_dev: &rows_dev,
+    };
+    let mut out = gpu.alloc_zeros::<u16>(pool.rows * n).unwrap();
+    gpu.memset(&mut out, 0xFF).unwrap();
+    core.run(gpu, &device_weights, &device_pool, &mut out)
+        .unwrap();
+    let out = gpu.download(&out).unwrap();
+
+    let mut owned = vec![false; pool.rows];
+    let (mut got, mut want, mut differ) = (Vec::new(), Vec::new(), 0);
+    for e in 0..experts {
+        let (off, rows) = (pool.expert_offset[e] as usize, expert_rows[e]);
+        owned[off..off + rows].iter_mut().for_each(|o| *o = true);
+        for row in off..off + rows {
+            let line = &out[row * n..][..n];
+            let unwritten = line.iter().filter(|&&v| v == POISON).count();
+            assert_eq!(
+                unwritten, 0,
+                "{recipe} bn {bn}: expert {e} pool row {row}: {unwritten} of {n} outputs not written (or NaN)"
+            );
+        }
+        // Every row of small experts; the ends and a stride of large ones.
+        let checked: Vec<usize> = if rows <= 9 {
+            (off..off + rows).collect()
+        } else {
+            [off, off + 1, off + rows / 2, off + rows - 2, off + rows - 1].into()
+        };
+        for (row, reference) in checked
+            .iter()
+            .zip(reference_rows(&weights, &pool, e, &checked))
+        {
+            for (&g, &r) in out[row * n..][..n].iter().zip(&reference) {
+                differ += usize::from(g != r);
+                got.push(f64::from(fp_formats::bf16::from_bits(g).to_f32()));
+                want.push(f64::from(fp_formats::bf16::from_bits(r).to_f32()));
+            }
+        }
+    }
+    for (row, owned) in owned.iter().enumerate() {
+        if !owned {
+            assert!(
+                out[row * n..][..n].iter().all(|&v| v == POISON),
+                "{recipe} bn {bn}: padding row {row} was written"
+            );
+        }
+    }
+    let diff = calc_diff(&got, &want);
+    eprintln!(
+        "{recipe} bn {bn:>3} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
+        got.len()
+    );
+    (diff, differ)
+}
+
+fn setup() -> (Gpu, Jit) {
+    (
+        Gpu::open(0).expect("this test needs a CUDA GPU"),
+        Jit::new().expect("NVRTC"),
+    )
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_specialization_matches_the_reference() {
+    let (gpu, jit) = setup();
+    for recipe in [Recipe::G128, Recipe::Mx32] {
+        for bn in megamoe_kernel::gemm::TOKEN_TILES {
+            let (diff, _) = run(
+                &gpu,
+                &jit,
+                Case {
+                    recipe,
+                    tokens_per_tile: Some(bn),
+                    expert_rows: &[0, 1, 7, 129, 40, 16],
+                    n: 256,
+                    k: 384,
+                    seed: bn as u64,
+                },
+            );
+            assert!(diff <= 1e-5, "{recipe} bn {bn}: calc_diff {diff:e}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn skewed_and_odd_shapes_match_the_reference() {
+    let (gpu, jit) = setup();
+    for recipe in [Recipe::G128, Recipe::Mx32] {
+        for (rows, n, k) in [
+            (&[600usize, 50, 50, 100, 0, 200][..], 384, 640),
+            (&[1, 0, 0, 2][..], 128, 128),
+            (&[300, 299, 1][..], 640, 1152),
+        ] {
+            let (diff, _) = run(
+                &gpu,
+                &jit,
+                Case {
+                    recipe,
+                    tokens_per_tile: None,
+                    expert_rows: rows,
+                    n,
+                    k,
+                    seed: 42,
+                },
+            );
+            assert!(
+                diff <= 1e-5,
+                "{recipe} {rows:?} {n}x{k}: calc_diff {diff:e}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn preset_shapes_match_the_reference() {
+    let (gpu, jit) = setup();
+    // (name, L1 n = 2I, L2 n = H, H, I): tiny, DeepSeek-V4-Flash, DeepSeek-V4-Pro, DeepSeek-V3.
+    let presets = [
+        ("tiny", 256, 128),
+        ("v4-flash", 4096, 2048),
+        ("v4-pro", 7168, 3072),
+        ("v3", 7168, 2048),
+    ];
+    for recipe in [Recipe::G128, Recipe::Mx32] {
+        for (name, h, i) in presets {
+            for (layer, n, k) in [("L1", 2 * i, h), ("L2", h, i)] {
+                let (diff, _) = run(
+                    &gpu,
+                    &jit,
+                    Case {
+                        recipe,
+                        tokens_per_tile: None,
+                        expert_rows: &[3, 70, 0, 33],
+                        n,
+                        k,
+                        seed: 7,
+                    },
+                );
+                assert!(diff <= 1e-5, "{recipe} {name} {layer}: calc_diff {diff:e}");
+            }
+        }
+    }
+}
