@@ -1,1 +1,28 @@
-//! `moe-sched`: MegaMoE scheduling (being written).
+//! `moe-sched` owns how MegaMoE's work is ordered, as a host model with a device twin
+//! (`cuda/scheduler.cuh`) that follows the same rules:
+//!
+//! - [`routing`]: routing statistics from every rank's `topk_idx`;
+//! - [`heuristics`]: BLOCK_M and experts-per-wave from the expected load;
+//! - [`wave`]: the wave scheduler (per wave, all L1 blocks then all L2 blocks) and one
+//!   persistent worker's walk over it;
+//! - [`interleave`]: the "peel the minimum remaining" order of source ranks in an expert's pool;
+//! - [`pool`]: BLOCK_M-aligned pool offsets and pool blocks of one routing;
+//! - [`plan`]: a config's block sizes, waves, buffer size, traffic and FLOPs per rank.
+
+pub mod error;
+pub mod heuristics;
+pub mod interleave;
+pub mod plan;
+pub mod pool;
+pub mod routing;
+pub mod wave;
+
+pub use error::SchedError;
+pub use interleave::{peel_interleave, peel_interleave_slot};
+pub use plan::{Plan, PlanConfig};
+pub use pool::PoolLayout;
+pub use routing::RoutingStats;
+pub use wave::{Block, Layer, ScheduleShape, WaveSchedule, WorkerBlocks};
+
+/// The device twin of this crate, for the JIT's in-memory include tree.
+pub const CUDA_HEADER: (&str, &str) = ("scheduler.cuh", include_str!("../cuda/scheduler.cuh"));
