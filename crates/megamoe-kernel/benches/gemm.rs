@@ -1,0 +1,210 @@
+//! Grouped-GEMM benchmark on the V4-Pro per-rank shape (48 experts, H 7168, I 3072, top-6, one GPU):
+//! for each recipe and token count, L1 (n = 2I, K = H) and L2 (n = H, K = I) over the pool that a
+//! uniform random top-6 routing of T tokens makes, timed with CUDA events (warm-up, median of 25 samples of 4 launches).
+//! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
+//! in the same run (a 2 GiB device copy), and the ratio of time to floor.
+//!
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..]`
+
+use cuda_rt::timing::GpuTimer;
+use cuda_rt::{Gpu, Jit};
+use fp_formats::Recipe;
+use megamoe_kernel::gemm::TOKEN_TILES;
+use megamoe_kernel::problem::{ActPool, ExpertWeights};
+use megamoe_kernel::{DeviceWeights, GemmCore, Pool, TilePlan, transform_weights};
+use rand::{Rng, SeedableRng};
+
+const EXPERTS: usize = 48;
+const HIDDEN: usize = 7168;
+const INTER: usize = 3072;
+const TOP_K: usize = 6;
+const REPS: usize = 25;
+/// Launches per timed sample: the host's per-launch work (argument checks, TMA encoding) then
+/// overlaps the previous launch instead of showing up as GPU idle time.
+const LAUNCHES_PER_SAMPLE: usize = 4;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
+    arg(name)
+        .unwrap_or(default.into())
+        .split(',')
+        .map(|s| s.parse().ok().expect("bad list"))
+        .collect()
+}
+
+/// Rows per expert of a uniform random top-k routing (distinct experts per token).
+fn route(tokens: usize, seed: u64) -> Vec<usize> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut rows = vec![0; EXPERTS];
+    for _ in 0..tokens {
+        let mut picked = [usize::MAX; TOP_K];
+        for j in 0..TOP_K {
+            let e = loop {
+                let e = rng.random_range(0..EXPERTS);
+                if !picked.contains(&e) {
+                    break e;
+                }
+            };
+            picked[j] = e;
+            rows[e] += 1;
+        }
+    }
+    rows
+}
+
+fn median(mut v: Vec<f32>) -> f32 {
+    v.sort_by(f32::total_cmp);
+    v[v.len() / 2]
+}
+
+fn time_ms(gpu: &Gpu, mut f: impl FnMut()) -> f32 {
+    let timer = GpuTimer::new(gpu).unwrap();
+    for _ in 0..3 {
+        f();
+    }
+    median(
+        (0..REPS)
+            .map(|_| {
+                timer.start(gpu.stream()).unwrap();
+                (0..LAUNCHES_PER_SAMPLE).for_each(|_| f());
+                timer.stop(gpu.stream()).unwrap();
+                timer.elapsed_ms().unwrap() / LAUNCHES_PER_SAMPLE as f32
+            })
+            .collect(),
+    )
+}
+
+/// HBM bandwidth of a 2 GiB device-to-device copy (bytes read + written).
+fn hbm_rate(gpu: &Gpu) -> f64 {
+    let bytes = 2usize << 30;
+    let src = gpu.alloc_zeros::<u8>(bytes).unwrap();
+    let mut dst = gpu.alloc_zeros::<u8>(bytes).unwrap();
+    let ms = time_ms(gpu, || gpu.stream().memcpy_dtod(&src, &mut dst).unwrap());
+    2.0 * bytes as f64 / (ms as f64 * 1e-3)
+}
+
+struct Layer {
+    name: &'static str,
+    weights: DeviceWeights,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let tokens: Vec<usize> = list("--tokens", "8,128,512,2048,8192");
+    let recipes: Vec<Recipe> = list("--recipes", "g128,mx32");
+    let tiles = arg("--tiles").unwrap_or("auto".into());
+    let gpu = Gpu::open(0).expect("the benchmark needs a CUDA GPU");
+    let jit = Jit::new().unwrap();
+    let hbm = hbm_rate(&gpu);
+    println!(
+        "# {} ({} SMs), HBM copy {:.0} GB/s; V4-Pro per rank: {EXPERTS} experts, H {HIDDEN}, I {INTER}, top-{TOP_K}",
+        gpu.info().name,
+        gpu.info().sm_count,
+        hbm / 1e9
+    );
+    println!(
+        "{:<5} {:>5} {:>4} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "recipe",
+        "T",
+        "bn",
+        "hit",
+        "L1 us",
+        "L1 TF",
+        "L2 us",
+        "L2 TF",
+        "L1+L2 us",
+        "TF",
+        "floor us",
+        "ratio"
+    );
+    for recipe in recipes {
+        let layers: Vec<Layer> = [("L1", 2 * INTER, HIDDEN), ("L2", HIDDEN, INTER)]
+            .into_iter()
+            .map(|(name, n, k)| {
+                let w = ExpertWeights::random_codes(EXPERTS, n, k, n as u64);
+                let t = transform_weights(recipe, &w.w, &w.w_sf, EXPERTS, n, k).unwrap();
+                Layer {
+                    name,
+                    weights: DeviceWeights::upload(&gpu, &t).unwrap(),
+                }
+            })
+            .collect();
+        for &t in &tokens {
+            let rows = route(t, t as u64);
+            let hit = rows.iter().filter(|&&r| r > 0).count();
+            let pairs: usize = rows.iter().sum();
+            let bns: Vec<usize> = if tiles == "auto" {
+                vec![TilePlan::tokens_per_tile_for(pairs as f64 / hit as f64)]
+            } else {
+                tiles.split(',').map(|s| s.parse().unwrap()).collect()
+            };
+            for bn in bns.into_iter().filter(|bn| TOKEN_TILES.contains(bn)) {
+                let core = GemmCore::new(&gpu, &jit, TilePlan::new(recipe, bn).unwrap()).unwrap();
+                let mut times = Vec::new();
+                let mut bytes_total = 0usize;
+                for layer in &layers {
+                    let k = layer.weights.k;
+                    let pool = ActPool::random(recipe, &rows, k, 99);
+                    let sf_stride = pool.sf_stride(bn);
+                    let (act, act_sf) = match recipe {
+                        Recipe::G128 => (
+                            gpu.upload(&pool.q).unwrap(),
+                            Some(gpu.upload(&pool.g128_scales(sf_stride)).unwrap()),
+                        ),
+                        Recipe::Mx32 => (gpu.upload(&pool.mx32_widened()).unwrap(), None),
+                    };
+                    let (offsets, counts) = (
+                        gpu.upload(&pool.expert_offset).unwrap(),
+                        gpu.upload(&pool.expert_rows).unwrap(),
+                    );
+                    let device_pool = Pool {
+                        act: &act,
+                        act_sf: act_sf.as_ref(),
+                        sf_stride,
+                        rows: pool.rows,
+                        expert_offset: &pool.expert_offset,
+                        expert_rows: &pool.expert_rows,
+                        expert_offset_dev: &offsets,
+                        expert_rows_dev: &counts,
+                    };
+                    let mut out = gpu.alloc_zeros::<u16>(pool.rows * layer.weights.n).unwrap();
+                    times.push(time_ms(&gpu, || {
+                        core.run(&gpu, &layer.weights, &device_pool, &mut out)
+                            .unwrap()
+                    }));
+                    let act_elem = if recipe == Recipe::G128 { 1 } else { 2 };
+                    bytes_total += hit * layer.weights.bytes_per_expert()
+                        + pairs * (k * act_elem + layer.weights.n * 2);
+                    tracing::debug!(layer = layer.name, ms = times.last().unwrap(), "timed");
+                }
+                let flops = |n: usize, k: usize| 2.0 * pairs as f64 * n as f64 * k as f64;
+                let (f1, f2) = (flops(2 * INTER, HIDDEN), flops(HIDDEN, INTER));
+                let (t1, t2) = (times[0] as f64 * 1e-3, times[1] as f64 * 1e-3);
+                let floor = bytes_total as f64 / hbm;
+                println!(
+                    "{:<5} {:>5} {:>4} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    recipe.name(),
+                    t,
+                    bn,
+                    hit,
+                    t1 * 1e6,
+                    f1 / t1 / 1e12,
+                    t2 * 1e6,
+                    f2 / t2 / 1e12,
+                    (t1 + t2) * 1e6,
+                    (f1 + f2) / (t1 + t2) / 1e12,
+                    floor * 1e6,
+                    (t1 + t2) / floor
+                );
+            }
+        }
+    }
+}
