@@ -8,7 +8,7 @@
 //! parallel, reproducible, and the same global problem comes out for any rank count.
 
 use crate::config::Config;
-use crate::problem::{DenseInputs, DenseWeights, Problem, RankInputs, RankWeights};
+use crate::problem::{DenseInputs, Problem, RankInputs, RankWeights};
 use fp_formats::TieMode;
 use fp_formats::quant::{self, WEIGHT_BLOCK};
 use indicatif::ProgressBar;
@@ -111,8 +111,9 @@ fn weight_row(seed: u64, layer: Layer, expert: usize, row: usize, out: &mut [f32
     );
 }
 
-/// Per-channel gain of the hidden dimension: 1 except a few outlier channels, the same for
-/// every token and rank (outliers are a property of the model).
+/// Per-channel gain of the hidden dimension: a few outlier channels 20–100× the others, the
+/// same for every token and rank (outliers are a property of the model), normalized to a mean
+/// square of 1 so tokens stay O(1) whatever the share of the outliers.
 fn channel_gains(seed: u64, hidden: usize) -> Vec<f32> {
     let mut rng = stream(seed, Stream::Outliers, 0, 0);
     let mut gains = vec![1f32; hidden];
@@ -120,6 +121,8 @@ fn channel_gains(seed: u64, hidden: usize) -> Vec<f32> {
     for c in rand::seq::index::sample(&mut rng, hidden, count) {
         gains[c] = rng.random_range(OUTLIER_GAIN);
     }
+    let rms = (gains.iter().map(|g| f64::from(g * g)).sum::<f64>() / hidden as f64).sqrt() as f32;
+    gains.iter_mut().for_each(|g| *g /= rms);
     gains
 }
 
@@ -160,55 +163,39 @@ fn routing(opts: &GenOptions, rank: usize) -> (Vec<i64>, Vec<f32>) {
     (idx, weights)
 }
 
-/// Draws every row of `layer` of `rank` in parallel and hands it to `fill` with its output
-/// slot (`rows` holds one slot per row, canonical order). Ticks `progress` once per row.
-fn for_each_weight_row<T: Send>(
-    opts: &GenOptions,
-    rank: usize,
-    layer: Layer,
-    rows: &mut [T],
-    progress: &ProgressBar,
-    fill: impl Fn(&[f32], &mut T) + Sync,
-) {
-    let c = &opts.config;
-    let (per_expert, k) = layer.dims(c);
-    let first_expert = rank * c.experts_per_rank();
-    rows.par_iter_mut().enumerate().for_each_init(
-        || vec![0f32; k],
-        |buf, (r, out)| {
-            weight_row(
-                opts.seed,
-                layer,
-                first_expert + r / per_expert,
-                r % per_expert,
-                buf,
-            );
-            fill(buf, out);
-            progress.inc(1);
-        },
-    );
-}
-
 /// Weight rows of one rank (for sizing a progress bar).
 pub fn weight_rows(config: &Config) -> u64 {
     (config.experts_per_rank() * (2 * config.intermediate + config.hidden)) as u64
 }
 
-/// Quantized weights of `rank`, quantized row by row as they are drawn (never the whole rank
-/// in f32). Ticks `progress` once per row.
+/// Quantized weights of `rank`: every row is drawn and quantized on the fly by the rayon pool
+/// (never the whole rank in f32). Ticks `progress` once per row.
 pub fn rank_weights(opts: &GenOptions, rank: usize, progress: &ProgressBar) -> RankWeights {
+    let c = &opts.config;
+    let first_expert = rank * c.experts_per_rank();
     let quantize = |layer: Layer| {
-        let (per_expert, k) = layer.dims(&opts.config);
-        let rows = per_expert * opts.config.experts_per_rank();
+        let (per_expert, k) = layer.dims(c);
+        let rows = per_expert * c.experts_per_rank();
         let mut packed = vec![0u8; rows * k / 2];
         let mut sf = vec![0u8; rows * k / WEIGHT_BLOCK];
-        let mut row_slices: Vec<(&mut [u8], &mut [u8])> = packed
-            .chunks_exact_mut(k / 2)
-            .zip(sf.chunks_exact_mut(k / WEIGHT_BLOCK))
-            .collect();
-        for_each_weight_row(opts, rank, layer, &mut row_slices, progress, |w, (p, s)| {
-            quant::quantize_fp4_row(w, TieMode::NearestEven, p, s)
-        });
+        packed
+            .par_chunks_mut(k / 2)
+            .zip(sf.par_chunks_mut(k / WEIGHT_BLOCK))
+            .enumerate()
+            .for_each_init(
+                || vec![0f32; k],
+                |w, (r, (p, s))| {
+                    weight_row(
+                        opts.seed,
+                        layer,
+                        first_expert + r / per_expert,
+                        r % per_expert,
+                        w,
+                    );
+                    quant::quantize_fp4_row(w, TieMode::NearestEven, p, s);
+                    progress.inc(1);
+                },
+            );
         (packed, sf)
     };
     let (w1, w1_sf) = quantize(Layer::W1);
@@ -218,28 +205,6 @@ pub fn rank_weights(opts: &GenOptions, rank: usize, progress: &ProgressBar) -> R
         w1_sf,
         w2,
         w2_sf,
-    }
-}
-
-/// The unquantized f32 weights that [`rank_weights`] quantizes.
-pub fn dense_weights(opts: &GenOptions, rank: usize) -> DenseWeights {
-    let draw = |layer: Layer| {
-        let (per_expert, k) = layer.dims(&opts.config);
-        let mut w = vec![0f32; per_expert * opts.config.experts_per_rank() * k];
-        let mut row_slices: Vec<&mut [f32]> = w.chunks_exact_mut(k).collect();
-        for_each_weight_row(
-            opts,
-            rank,
-            layer,
-            &mut row_slices,
-            &ProgressBar::hidden(),
-            |src, dst| dst.copy_from_slice(src),
-        );
-        w
-    };
-    DenseWeights {
-        w1: draw(Layer::W1),
-        w2: draw(Layer::W2),
     }
 }
 
@@ -292,11 +257,119 @@ pub fn problem(opts: &GenOptions) -> Problem {
     }
 }
 
-/// The unquantized twin of [`problem`]: per rank, weights and inputs.
-pub fn dense_problem(opts: &GenOptions) -> (Vec<DenseWeights>, Vec<DenseInputs>) {
-    let ranks = 0..opts.config.num_ranks;
-    (
-        ranks.clone().map(|r| dense_weights(opts, r)).collect(),
-        ranks.map(|r| dense_inputs(opts, r)).collect(),
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fp_formats::Recipe;
+
+    fn opts(ranks: usize, recipe: Recipe) -> GenOptions {
+        let config = Config::tiny().with_ranks(ranks).with_recipe(recipe);
+        GenOptions {
+            config,
+            tokens: 200,
+            seed: 11,
+            mask_fraction: 0.25,
+        }
+    }
+
+    #[test]
+    fn reproducible_and_seed_dependent() {
+        let a = problem(&opts(2, Recipe::Mx32));
+        assert_eq!(a, problem(&opts(2, Recipe::Mx32)));
+        let other = problem(&GenOptions {
+            seed: 12,
+            ..opts(2, Recipe::Mx32)
+        });
+        assert_ne!(a.weights[0].w1, other.weights[0].w1);
+        assert_ne!(a.inputs[0].x, other.inputs[0].x);
+        a.validate().unwrap();
+    }
+
+    /// Weights are keyed by global expert, so the rank count does not change them.
+    #[test]
+    fn weights_do_not_depend_on_the_rank_split() {
+        let one = rank_weights(&opts(1, Recipe::Mx32), 0, &ProgressBar::hidden());
+        let two: Vec<RankWeights> = (0..2)
+            .map(|r| rank_weights(&opts(2, Recipe::Mx32), r, &ProgressBar::hidden()))
+            .collect();
+        assert_eq!(one.w1, [two[0].w1.clone(), two[1].w1.clone()].concat());
+        assert_eq!(
+            one.w2_sf,
+            [two[0].w2_sf.clone(), two[1].w2_sf.clone()].concat()
+        );
+    }
+
+    #[test]
+    fn routing_is_distinct_in_range_and_masked_as_asked() {
+        let o = opts(1, Recipe::Mx32);
+        let (k, e) = (o.config.top_k, o.config.num_experts as i64);
+        let (idx, weights) = routing(&GenOptions { tokens: 2000, ..o }, 0);
+        for (token, w) in idx.chunks(k).zip(weights.chunks(k)) {
+            let valid: Vec<i64> = token.iter().copied().filter(|&x| x >= 0).collect();
+            assert!(valid.iter().all(|&x| x < e));
+            let mut dedup = valid.clone();
+            dedup.sort_unstable();
+            dedup.dedup();
+            assert_eq!(
+                dedup.len(),
+                valid.len(),
+                "experts of a token must be distinct: {token:?}"
+            );
+            assert!(w.iter().sum::<f32>() <= 1.0 + 1e-6 && w.iter().all(|&v| v >= 0.0));
+        }
+        let masked = idx.iter().filter(|&&x| x < 0).count() as f64 / idx.len() as f64;
+        assert!((masked - 0.25).abs() < 0.03, "masked fraction {masked}");
+    }
+
+    /// The per-32 weight scales of one 128-block spread over a few binades (never beyond the 14
+    /// that the g128 fold can take), and the per-32 activation scales of one 128-block differ,
+    /// so a kernel that reads the wrong scale is caught.
+    #[test]
+    fn scales_spread_but_fit_the_g128_fold() {
+        let p = problem(&opts(1, Recipe::Mx32));
+        let mut widest = 0;
+        for sf in [&p.weights[0].w1_sf, &p.weights[0].w2_sf] {
+            for block in sf.chunks(4) {
+                let span = block.iter().max().unwrap() - block.iter().min().unwrap();
+                widest = widest.max(span);
+            }
+        }
+        assert!(
+            (3..=8).contains(&widest),
+            "weight scale span within 128 channels: {widest} binades"
+        );
+        let varied = p.inputs[0]
+            .x_sf
+            .chunks(4)
+            .filter(|b| b.iter().any(|&s| s != b[0]))
+            .count();
+        assert!(
+            varied * 2 > p.inputs[0].x_sf.len() / 4,
+            "only {varied} 128-blocks have varied activation scales"
+        );
+    }
+
+    #[test]
+    fn activations_have_outlier_channels() {
+        let x = dense_inputs(&opts(1, Recipe::Mx32), 0);
+        let h = Config::tiny().hidden;
+        let mut channel_rms = vec![0f64; h];
+        for row in x.x.chunks(h) {
+            for (acc, &v) in channel_rms.iter_mut().zip(row) {
+                *acc += f64::from(v * v) / x.tokens as f64;
+            }
+        }
+        let mut sorted: Vec<f64> = channel_rms.iter().map(|v| v.sqrt()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[h / 2];
+        assert!(
+            sorted[h - 1] > 15.0 * median,
+            "largest channel {} vs median {median}",
+            sorted[h - 1]
+        );
+        assert!(
+            sorted[h - 3] < 3.0 * median,
+            "only a few channels should be outliers"
+        );
+    }
 }

@@ -42,14 +42,15 @@ pub struct Problem {
     pub inputs: Vec<RankInputs>,
 }
 
-/// Unquantized f32 weights of one rank: `w1` `[E_l, 2I, H]`, `w2` `[E_l, H, I]`.
+/// f32 weights of one rank, `w1` `[E_l, 2I, H]`, `w2` `[E_l, H, I]`: the dequantized MXFP4
+/// weights (exact in f32), for the f32 forward.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DenseWeights {
     pub w1: Vec<f32>,
     pub w2: Vec<f32>,
 }
 
-/// Unquantized f32 tokens of one rank with the same routing as the quantized inputs.
+/// Unquantized f32 tokens of one rank (what the generator quantized), same routing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DenseInputs {
     pub tokens: usize,
@@ -220,6 +221,27 @@ impl RankWeights {
         let elems = |packed: &[usize]| [packed[0], packed[1], packed[2] * 2];
         check_fp4("w1", "w1_sf", &elems(&w1), &w1_sf, &self.w1, &self.w1_sf)?;
         check_fp4("w2", "w2_sf", &elems(&w2), &w2_sf, &self.w2, &self.w2_sf)
+    }
+}
+
+impl RankWeights {
+    /// The f32 values of the weights (exact: E2M1 times a power of two).
+    pub fn dequantize(&self, config: &Config) -> DenseWeights {
+        let deq = |packed: &[u8], sf: &[u8], k: usize| {
+            let mut out = vec![0f32; packed.len() * 2];
+            for ((p, s), o) in packed
+                .chunks_exact(k / 2)
+                .zip(sf.chunks_exact(k / WEIGHT_BLOCK))
+                .zip(out.chunks_exact_mut(k))
+            {
+                fp_formats::quant::dequantize_fp4_row(p, s, o);
+            }
+            out
+        };
+        DenseWeights {
+            w1: deq(&self.w1, &self.w1_sf, config.hidden),
+            w2: deq(&self.w2, &self.w2_sf, config.intermediate),
+        }
     }
 }
 

@@ -531,10 +531,13 @@ pub fn forward(
     Ok(fwd.finish())
 }
 
-/// The unquantized twin of [`forward`], on the original f32 data the generator quantized
-/// (not on dequantized values): f64 sums rounded to f32 as above, but no BF16 rounding of g, u,
-/// the L2 output or y, and no re-quantization of h. Same clamp, SwiGLU and combine order.
-/// What it measures is the whole quantization error of the contract.
+/// The layer in f32, for sanity checks of the quantized contract: on the MXFP4 weights (the
+/// model's weights are MXFP4; [`RankWeights::dequantize`]) and the original unquantized f32
+/// tokens. f64 sums rounded to f32 as in [`forward`], the same clamp, SwiGLU and combine
+/// order, but no FP8 activations, no BF16 rounding of g, u, the L2 output or y, and no
+/// re-quantization of h. What it measures is the activation-side quantization of the contract.
+///
+/// [`RankWeights::dequantize`]: crate::problem::RankWeights::dequantize
 pub fn forward_f32(
     config: &Config,
     weights: &[DenseWeights],
