@@ -1,1 +1,117 @@
-fn main() {}
+//! `cargo xtask <command>`: the workspace's automation, in Rust (matklad's cargo-xtask pattern).
+//!
+//! | command | does |
+//! |---|---|
+//! | `setup-cuda` | ensures a CUDA toolchain (`scripts/cuda-toolchain.sh`) and prints its environment |
+//! | `kernels` | compiles every registered kernel for sm_90a and sm_100a, prints the ptxas resource table, fails on a compile error or a spill in a `no_spill` kernel |
+//! | `test-gpu` | on a machine with a GPU: `cargo test --workspace -- --ignored` |
+//! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with a `run.sh` for a GPU machine without Rust |
+//! | `ci` | the CI entry point: `setup-cuda`, `cargo test --workspace`, `kernels` |
+
+mod bundle;
+mod kernels;
+mod toolchain;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "megamoe-rs workspace automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Ensure a CUDA toolchain (installing the pinned wheels into .cuda/ when none exists) and print
+    /// `export` lines for it.
+    SetupCuda,
+    /// Compile every registered kernel specialization and print registers, spills, stack and smem.
+    Kernels(kernels::Args),
+    /// Run the GPU tests (the `#[ignore = "needs a CUDA GPU"]` ones) here; needs a GPU.
+    TestGpu {
+        /// Extra arguments for the test binaries, e.g. a name filter.
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+    /// Build the GPU test binaries (release) into .gpu-bundle/ with run.sh, for a GPU machine.
+    GpuBundle,
+    /// Toolchain, `cargo test --workspace`, then `kernels`: what CI runs.
+    Ci,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let root = workspace_root();
+    match Cli::parse().command {
+        Cmd::SetupCuda => {
+            for (name, value) in toolchain::ensure(&root)? {
+                println!("export {name}='{value}'");
+            }
+            Ok(())
+        }
+        Cmd::Kernels(args) => kernels::run(&args),
+        Cmd::TestGpu { test_args } => test_gpu(&root, &test_args),
+        Cmd::GpuBundle => bundle::build(&root),
+        Cmd::Ci => {
+            let env = toolchain::ensure(&root)?;
+            run(cargo(&root).args(["test", "--workspace"]).envs(env))?;
+            kernels::run(&kernels::Args::default())
+        }
+    }
+}
+
+fn test_gpu(root: &Path, test_args: &[String]) -> Result<()> {
+    let devices = cuda_rt::Gpu::list().map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nthe GPU tests need a GPU: on a machine without one, build a bundle with \
+             `cargo xtask gpu-bundle` and run .gpu-bundle/run.sh where the GPU is"
+        )
+    })?;
+    for d in &devices {
+        eprintln!(
+            "GPU {}: {} (sm_{}{}, {} SMs)",
+            d.ordinal, d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
+        );
+    }
+    let env = toolchain::ensure(root)?;
+    // One test at a time: the tests share the GPU(s) and some time themselves.
+    run(cargo(root)
+        .args(["test", "--workspace", "--", "--ignored", "--test-threads=1"])
+        .args(test_args)
+        .envs(env))
+}
+
+/// The workspace root: xtask's manifest dir is `<root>/xtask`.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// The cargo that runs us (`$CARGO`), in the workspace root.
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{:?} failed: {status}", cmd.get_program());
+    }
+    Ok(())
+}

@@ -1,0 +1,351 @@
+//! cuda-rt on a real GPU: every launch kind, TMA, peer access, timing. Ignored by default; run with
+//! `cargo xtask test-gpu` or from `cargo xtask gpu-bundle`. Without a GPU they fail, they do not skip.
+
+use cuda_rt::{
+    Arch, CudaSlice, Error, Gpu, GpuTimer, Jit, LaunchConfig, Module, TensorMapDesc, TmaDataType,
+    enable_peer_access_all, selftest,
+};
+
+fn gpu(ordinal: usize) -> Gpu {
+    Gpu::open(ordinal).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
+}
+
+/// The selftest kernels, compiled for `gpu` and loaded.
+fn selftest_module(gpu: &Gpu) -> Module {
+    let arch = gpu.info().arch().unwrap_or_else(|| {
+        panic!(
+            "no target for {:?} (compute capability {:?})",
+            gpu.info().name,
+            gpu.info().compute_capability
+        )
+    });
+    let compiled = Jit::new()
+        .unwrap()
+        .compile(&selftest::kernels()[0], arch)
+        .unwrap();
+    gpu.load_module(&compiled.cubin).unwrap()
+}
+
+/// Deterministic f32s in [-1, 1) (SplitMix64).
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// A device buffer of `n` elements with every byte 0xFF (NaN for f32), so unwritten outputs show.
+fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    n: usize,
+) -> CudaSlice<T> {
+    let mut buf = gpu.alloc_zeros::<T>(n).unwrap();
+    gpu.memset(&mut buf, 0xFF).unwrap();
+    buf
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn open_reports_device_properties() {
+    let devices = Gpu::list().unwrap();
+    let gpu = gpu(0);
+    let info = gpu.info();
+    eprintln!("{devices:#?}");
+    assert_eq!(info, &devices[0]);
+    assert!(!info.name.is_empty());
+    assert!(info.sm_count > 0 && info.l2_bytes > 0 && info.total_mem_bytes > 0);
+    assert!(info.smem_per_block_optin >= 48 * 1024);
+    assert!(info.compute_capability >= (9, 0), "{info:?}");
+    assert!(info.arch().is_some());
+    assert!(matches!(
+        Gpu::open(devices.len()),
+        Err(Error::InvalidOrdinal { .. })
+    ));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn saxpy_matches_the_host_and_writes_every_element() {
+    let gpu = gpu(0);
+    let module = selftest_module(&gpu);
+    let saxpy = module.kernel("saxpy").unwrap();
+    let n = (1 << 20) + 3;
+    let (a, x, y) = (1.5f32, random_f32(n, 1), random_f32(n, 2));
+    let (dx, dy) = (gpu.upload(&x).unwrap(), gpu.upload(&y).unwrap());
+    let mut out = poisoned::<f32>(&gpu, n);
+    let timer = GpuTimer::new(&gpu).unwrap();
+    timer.start(gpu.stream()).unwrap();
+    // SAFETY: saxpy(float, const float*, const float*, float*, int) over n elements.
+    unsafe {
+        saxpy
+            .launch(
+                gpu.stream(),
+                LaunchConfig::linear((n as u32).div_ceil(256), 256),
+            )
+            .scalar(a)
+            .ptr(&dx)
+            .ptr(&dy)
+            .ptr_mut(&mut out)
+            .scalar(n as i32)
+            .launch()
+            .unwrap();
+    }
+    timer.stop(gpu.stream()).unwrap();
+    let ms = timer.elapsed_ms().unwrap();
+    assert!(ms > 0.0 && ms < 1000.0, "{ms} ms");
+    let out = gpu.download(&out).unwrap();
+    for i in 0..n {
+        // NVRTC contracts a * x + y into one FMA.
+        assert_eq!(
+            out[i].to_bits(),
+            a.mul_add(x[i], y[i]).to_bits(),
+            "element {i}"
+        );
+    }
+    assert!(saxpy.num_registers().unwrap() > 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cooperative_launch_runs_all_blocks_at_once() {
+    let gpu = gpu(0);
+    let module = selftest_module(&gpu);
+    let kernel = module.kernel("grid_barrier").unwrap();
+    let blocks = gpu.info().sm_count;
+    let mut counter = gpu.alloc_zeros::<u32>(1).unwrap();
+    let mut out = poisoned::<u32>(&gpu, blocks as usize);
+    // SAFETY: grid_barrier(unsigned*, unsigned*) with one output per block.
+    unsafe {
+        kernel
+            .launch(gpu.stream(), LaunchConfig::linear(blocks, 32).cooperative())
+            .ptr_mut(&mut counter)
+            .ptr_mut(&mut out)
+            .launch()
+            .unwrap();
+    }
+    assert!(gpu.download(&out).unwrap().iter().all(|&v| v == blocks));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cluster_launch_forms_clusters_of_two() {
+    let gpu = gpu(0);
+    let module = selftest_module(&gpu);
+    let kernel = module.kernel("cluster_ranks").unwrap();
+    let blocks = 16u32;
+    let mut out = poisoned::<u32>(&gpu, blocks as usize);
+    // SAFETY: cluster_ranks(unsigned*) with one output per block.
+    unsafe {
+        kernel
+            .launch(
+                gpu.stream(),
+                LaunchConfig::linear(blocks, 64).cluster([2, 1, 1]),
+            )
+            .ptr_mut(&mut out)
+            .launch()
+            .unwrap();
+    }
+    let out = gpu.download(&out).unwrap();
+    for (b, &v) in out.iter().enumerate() {
+        let rank = b as u32 % 2;
+        assert_eq!(v, rank | 2 << 8 | (rank ^ 1) << 16, "block {b}: {v:#x}");
+    }
+    // A grid that does not divide into clusters is refused before the driver sees it.
+    let bad = unsafe {
+        kernel
+            .launch(gpu.stream(), LaunchConfig::linear(3, 64).cluster([2, 1, 1]))
+            .ptr_mut(&mut gpu.alloc_zeros::<u32>(4).unwrap())
+            .launch()
+    };
+    assert!(matches!(bad, Err(Error::InvalidLaunch { .. })), "{bad:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dynamic_shared_memory_above_48_kib() {
+    let gpu = gpu(0);
+    let module = selftest_module(&gpu);
+    let kernel = module.kernel("smem_reverse").unwrap();
+    let bytes = 200 * 1024;
+    assert!(gpu.info().smem_per_block_optin >= bytes);
+    let words = bytes / 4;
+    let mut out = poisoned::<u32>(&gpu, words as usize);
+    // SAFETY: smem_reverse(unsigned*, unsigned) with `words` words of dynamic shared memory.
+    unsafe {
+        kernel
+            .launch(
+                gpu.stream(),
+                LaunchConfig::linear(1, 256).dynamic_smem(bytes),
+            )
+            .ptr_mut(&mut out)
+            .scalar(words)
+            .launch()
+            .unwrap();
+    }
+    let out = gpu.download(&out).unwrap();
+    for (i, &v) in out.iter().enumerate() {
+        assert_eq!(
+            v,
+            (words - 1 - i as u32).wrapping_mul(2654435761),
+            "word {i}"
+        );
+    }
+    let too_much = gpu.info().smem_per_block_optin + 1;
+    let err = unsafe {
+        kernel
+            .launch(
+                gpu.stream(),
+                LaunchConfig::linear(1, 256).dynamic_smem(too_much),
+            )
+            .ptr_mut(&mut gpu.alloc_zeros::<u32>(1).unwrap())
+            .scalar(0u32)
+            .launch()
+    };
+    assert!(matches!(err, Err(Error::InvalidLaunch { .. })), "{err:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tma_loads_tiles_and_zero_fills_past_the_edge() {
+    let gpu = gpu(0);
+    let module = selftest_module(&gpu);
+    let kernel = module.kernel("tma_load_2d").unwrap();
+    let [box_rows, box_cols] = selftest::TMA_BOX;
+    // 100 rows: the last tile hangs 12 rows past the matrix.
+    let (rows, cols) = (100u32, 3 * box_cols);
+    let host = random_f32((rows * cols) as usize, 3);
+    let matrix = gpu.upload(&host).unwrap();
+    let address = {
+        use cuda_rt::cudarc::driver::DevicePtr;
+        let (ptr, _sync) = matrix.device_ptr(gpu.stream());
+        ptr
+    };
+    let map = TensorMapDesc::matrix(
+        TmaDataType::F32,
+        address,
+        [u64::from(rows), u64::from(cols)],
+        u64::from(cols) * 4,
+        [box_rows, box_cols],
+    )
+    .encode()
+    .unwrap();
+    let tiles = [cols / box_cols, rows.div_ceil(box_rows)];
+    let padded_rows = tiles[1] * box_rows;
+    let mut out = poisoned::<f32>(&gpu, (padded_rows * cols) as usize);
+    // SAFETY: tma_load_2d(CUtensorMap, float*) writing whole tiles of a padded_rows × cols matrix.
+    unsafe {
+        kernel
+            .launch(
+                gpu.stream(),
+                LaunchConfig::new([tiles[0], tiles[1], 1], [128, 1, 1]),
+            )
+            .tensor_map(&map)
+            .ptr_mut(&mut out)
+            .launch()
+            .unwrap();
+    }
+    let out = gpu.download(&out).unwrap();
+    for r in 0..padded_rows {
+        for c in 0..cols {
+            let got = out[(r * cols + c) as usize];
+            let want = if r < rows {
+                host[(r * cols + c) as usize]
+            } else {
+                0.0
+            };
+            assert_eq!(got.to_bits(), want.to_bits(), "row {r} col {c}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn peer_access_lets_one_gpu_read_another() {
+    let count = Gpu::count().unwrap();
+    if count < 2 {
+        eprintln!("SKIP peer_access_lets_one_gpu_read_another: needs 2 GPUs, found {count}");
+        return;
+    }
+    let gpus = [gpu(0), gpu(1)];
+    if !gpus[0].can_access_peer(&gpus[1]).unwrap() {
+        eprintln!("SKIP peer_access_lets_one_gpu_read_another: GPU 0 cannot access GPU 1");
+        return;
+    }
+    enable_peer_access_all(&gpus).unwrap();
+    // Enabling again is not an error.
+    enable_peer_access_all(&gpus).unwrap();
+
+    // saxpy on GPU 0 with x living on GPU 1, passed as a raw peer address.
+    let n = 4096;
+    let (x, y) = (random_f32(n, 4), random_f32(n, 5));
+    let x1 = gpus[1].upload(&x).unwrap();
+    gpus[1].synchronize().unwrap();
+    let x1_address = {
+        use cuda_rt::cudarc::driver::DevicePtr;
+        let (ptr, _sync) = x1.device_ptr(gpus[1].stream());
+        ptr
+    };
+    let module = selftest_module(&gpus[0]);
+    let saxpy = module.kernel("saxpy").unwrap();
+    let y0 = gpus[0].upload(&y).unwrap();
+    let mut out = poisoned::<f32>(&gpus[0], n);
+    // SAFETY: as in the saxpy test; x is GPU 1's buffer, mapped into GPU 0 by peer access.
+    unsafe {
+        saxpy
+            .launch(
+                gpus[0].stream(),
+                LaunchConfig::linear((n as u32).div_ceil(256), 256),
+            )
+            .scalar(2.0f32)
+            .scalar(x1_address)
+            .ptr(&y0)
+            .ptr_mut(&mut out)
+            .scalar(n as i32)
+            .launch()
+            .unwrap();
+    }
+    let out = gpus[0].download(&out).unwrap();
+    for i in 0..n {
+        assert_eq!(
+            out[i].to_bits(),
+            2.0f32.mul_add(x[i], y[i]).to_bits(),
+            "element {i}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cubin_for_another_arch_is_refused_by_the_driver() {
+    let gpu = gpu(0);
+    let other = match gpu.info().arch() {
+        Some(Arch::Sm90a) => Arch::Sm100a,
+        _ => Arch::Sm90a,
+    };
+    let compiled = Jit::new()
+        .unwrap()
+        .compile(&selftest::kernels()[0], other)
+        .unwrap();
+    let err = gpu.load_module(&compiled.cubin).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Driver {
+                call: "cuModuleLoadData",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(
+        gpu.load_module(b"not a cubin"),
+        Err(Error::InvalidModule(_))
+    ));
+}

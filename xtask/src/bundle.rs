@@ -1,0 +1,236 @@
+//! `cargo xtask gpu-bundle`: the GPU tests as a self-contained folder for a GPU machine without Rust.
+//!
+//! `.gpu-bundle/` gets every workspace test binary that has ignored (GPU) tests, built in release and
+//! stripped of debug info, the workspace's release binaries (the `megamoe` CLI), and `run.sh`. The
+//! binaries need only glibc: cudarc loads libcuda and libnvrtc at run time, and run.sh points
+//! `CUDA_PATH` at the machine's toolkit.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::cargo;
+
+const BUNDLE_DIR: &str = ".gpu-bundle";
+const SIZE_BUDGET: u64 = 60 << 20;
+
+/// One test or bin executable from cargo's JSON messages.
+struct Artifact {
+    /// `<crate dir>.<target>`, e.g. `cuda-rt.gpu`; unit tests are `<crate dir>.lib`.
+    name: String,
+    path: PathBuf,
+}
+
+pub fn build(root: &Path) -> Result<()> {
+    let tests = artifacts(
+        root,
+        &["test", "--workspace", "--release", "--no-run"],
+        true,
+    )?;
+    let bins = artifacts(
+        root,
+        &["build", "--workspace", "--release", "--bins"],
+        false,
+    )?;
+
+    let dir = root.join(BUNDLE_DIR);
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("cannot clear {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir.join("tests"))?;
+    fs::create_dir_all(dir.join("bin"))?;
+
+    let mut bundled = 0;
+    for test in &tests {
+        let ignored = count_ignored(&test.path)?;
+        if ignored == 0 {
+            continue;
+        }
+        copy_stripped(&test.path, &dir.join("tests").join(&test.name))?;
+        println!("tests/{:<32} {ignored} GPU test(s)", test.name);
+        bundled += 1;
+    }
+    for bin in bins.iter().filter(|b| !b.name.starts_with("xtask.")) {
+        let file_name = bin.path.file_name().context("binary without a file name")?;
+        copy_stripped(&bin.path, &dir.join("bin").join(file_name))?;
+        println!("bin/{}", file_name.to_string_lossy());
+    }
+    if bundled == 0 {
+        bail!("no test binary has ignored (GPU) tests");
+    }
+    let run_sh = dir.join("run.sh");
+    fs::write(&run_sh, RUN_SH)?;
+    make_executable(&run_sh)?;
+    fs::write(dir.join("VERSION"), version(root))?;
+
+    let size = dir_size(&dir)?;
+    println!(
+        "{} ({:.1} MiB): copy it to the GPU machine and run {BUNDLE_DIR}/run.sh",
+        dir.display(),
+        size as f64 / (1 << 20) as f64
+    );
+    if size > SIZE_BUDGET {
+        bail!("the bundle is {size} B, over the {SIZE_BUDGET} B budget");
+    }
+    Ok(())
+}
+
+/// Runs cargo with JSON messages and returns the executables it reports (test targets only when
+/// `tests`). Diagnostics stay human-readable on stderr.
+fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<Artifact>> {
+    let out = cargo(root)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    if !out.status.success() {
+        bail!("cargo {} failed: {}", args.join(" "), out.status);
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"].as_bool() != Some(tests) {
+            continue;
+        }
+        let Some(path) = msg["executable"].as_str() else {
+            continue;
+        };
+        let crate_dir = Path::new(msg["manifest_path"].as_str().unwrap_or_default())
+            .parent()
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let kinds = &msg["target"]["kind"];
+        let target = if kinds
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "lib"))
+        {
+            "lib"
+        } else {
+            msg["target"]["name"].as_str().unwrap_or_default()
+        };
+        found.push(Artifact {
+            name: format!("{crate_dir}.{target}"),
+            path: PathBuf::from(path),
+        });
+    }
+    Ok(found)
+}
+
+/// How many ignored tests a libtest binary has (`--list --ignored` lists only those).
+fn count_ignored(test: &Path) -> Result<usize> {
+    let out = Command::new(test)
+        .args(["--list", "--ignored"])
+        .output()
+        .with_context(|| format!("cannot list the tests of {}", test.display()))?;
+    if !out.status.success() {
+        bail!("{} --list failed: {}", test.display(), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.ends_with(": test"))
+        .count())
+}
+
+/// Copies `from` to `to` without debug info (panic messages keep file:line; they need none).
+fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to).with_context(|| format!("cannot copy {}", from.display()))?;
+    let stripped = Command::new("strip").arg("--strip-debug").arg(to).status();
+    if !stripped.is_ok_and(|s| s.success()) {
+        eprintln!(
+            "warning: could not strip {}; bundling it as is",
+            to.display()
+        );
+    }
+    Ok(())
+}
+
+fn make_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+fn version(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let dirty = if git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        ""
+    } else {
+        " (with uncommitted changes)"
+    };
+    format!("{}{dirty}\n", git(&["rev-parse", "HEAD"]))
+}
+
+fn dir_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            dir_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs the GPU tests of this bundle (made by `cargo xtask gpu-bundle`) on a machine with a GPU and the
+# CUDA toolkit, without Rust. Each test runs in its own process, so a crashed or poisoned CUDA context
+# cannot take the following tests down with it. Prints PASS/FAIL/SKIP per test and a summary line;
+# exits non-zero when any test failed.
+#
+#   .gpu-bundle/run.sh [FILTER]     FILTER: only tests whose "binary::test" name contains it
+#
+# CUDA_PATH (default /usr/local/cuda) must hold include/ and lib64/libnvrtc.so.13. TEST_TIMEOUT (seconds,
+# default 600) bounds each test.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+filter="${1:-}"
+export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
+export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+timeout_s="${TEST_TIMEOUT:-600}"
+
+echo "bundle $(cat "$here/VERSION" 2>/dev/null)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+passed=0 failed=0 skipped=0
+for bin in "$here"/tests/*; do
+  suite="$(basename "$bin")"
+  while IFS= read -r test; do
+    name="$suite::$test"
+    [[ -n "$filter" && "$name" != *"$filter"* ]] && continue
+    output="$(timeout "$timeout_s" "$bin" --ignored --exact "$test" --test-threads=1 --nocapture 2>&1)"
+    status=$?
+    if (( status != 0 )); then
+      echo "FAIL $name"
+      (( status == 124 )) && echo "    (timed out after ${timeout_s} s)"
+      printf '%s\n' "$output" | sed 's/^/    /'
+      failed=$((failed + 1))
+    elif skip="$(printf '%s\n' "$output" | grep -m1 '^SKIP')"; then
+      echo "SKIP $name: ${skip#SKIP }"
+      skipped=$((skipped + 1))
+    else
+      echo "PASS $name"
+      passed=$((passed + 1))
+    fi
+  done < <("$bin" --list --ignored 2>/dev/null | sed -n 's/: test$//p')
+done
+echo "$passed passed, $failed failed, $skipped skipped"
+(( failed == 0 ))
+"#;

@@ -1,0 +1,140 @@
+//! `cargo xtask kernels`: compile every registered kernel specialization for each of its targets and
+//! print the ptxas resource report. Fails when a kernel does not compile or a `no_spill` kernel spills.
+//! NVRTC only: no GPU needed.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use cuda_rt::{Arch, CompileOutcome, Compiled, Jit, KernelSpec};
+use rayon::prelude::*;
+
+/// The kernel registry: every crate that ships kernels contributes its specializations here, one entry
+/// per crate. A crate that depends on cuda-rt exports `pub fn kernels() -> Vec<KernelSpec>`; one that
+/// only exports its CUDA sources as `(&str, &str)` constants gets its specs built here.
+fn registry() -> Vec<KernelSpec> {
+    let mut specs = cuda_rt::selftest::kernels();
+    specs.push(
+        KernelSpec::new("fp-formats/twin_test", fp_formats::TWIN_TEST_SOURCE)
+            .header(fp_formats::CUDA_HEADER),
+    );
+    // Add further crates here, e.g. `specs.extend(megamoe_kernel::kernels());`.
+    specs
+}
+
+#[derive(clap::Args, Default)]
+pub struct Args {
+    /// Only this target (sm_90a or sm_100a).
+    #[arg(long, value_parser = parse_arch)]
+    arch: Option<Arch>,
+    /// Only specs whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Compile everything afresh, ignoring and not filling the JIT cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+fn parse_arch(name: &str) -> Result<Arch, String> {
+    Arch::from_name(name).ok_or_else(|| format!("unknown target `{name}` (sm_90a or sm_100a)"))
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let jit = Jit::new()?;
+    let jit = if args.no_cache {
+        jit.without_cache()
+    } else {
+        jit
+    };
+    let v = jit.nvrtc_version();
+    println!(
+        "NVRTC {}.{} from {}",
+        v.major,
+        v.minor,
+        jit.toolkit().lib_dir().display()
+    );
+
+    let jobs: Vec<(KernelSpec, Arch)> = registry()
+        .into_iter()
+        .filter(|s| {
+            args.filter
+                .as_ref()
+                .is_none_or(|f| s.name.contains(f.as_str()))
+        })
+        .flat_map(|s| {
+            let arches = s.arches.clone();
+            arches
+                .into_iter()
+                .filter(|a| args.arch.is_none_or(|only| only == *a))
+                .map(move |a| (s.clone(), a))
+        })
+        .collect();
+    if jobs.is_empty() {
+        bail!("no kernel matches");
+    }
+    let start = Instant::now();
+    let results: Vec<_> = jobs
+        .par_iter()
+        .map(|(spec, arch)| jit.compile(spec, *arch))
+        .collect();
+
+    let mut failures = Vec::new();
+    println!(
+        "{:<28} {:<24} {:<8} {:>5} {:>9} {:>9} {:>6} {:>7} {:>9}",
+        "kernel", "entry", "arch", "regs", "spill st", "spill ld", "stack", "smem", "compile"
+    );
+    for ((spec, arch), result) in jobs.iter().zip(results) {
+        match result {
+            Ok(compiled) => {
+                print_rows(spec, &compiled);
+                for r in compiled
+                    .resources
+                    .iter()
+                    .filter(|r| spec.no_spill && r.spills())
+                {
+                    failures.push(format!(
+                        "{} {} on {arch}: {} B spill stores, {} B spill loads in a no-spill kernel",
+                        spec.name, r.name, r.spill_stores, r.spill_loads
+                    ));
+                }
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    println!("{} compiles in {:.2?}", jobs.len(), start.elapsed());
+    if !failures.is_empty() {
+        bail!(
+            "{} kernel check(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+    Ok(())
+}
+
+fn print_rows(spec: &KernelSpec, compiled: &Compiled) {
+    let time = match compiled.outcome {
+        CompileOutcome::Compiled => format!("{:.0} ms", compiled.elapsed.as_secs_f64() * 1e3),
+        CompileOutcome::Cached => "cached".to_owned(),
+    };
+    let mut rows: Vec<_> = compiled.resources.iter().collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    for r in rows {
+        let flag = if spec.no_spill && r.spills() {
+            "  <- SPILLS"
+        } else {
+            ""
+        };
+        println!(
+            "{:<28} {:<24} {:<8} {:>5} {:>9} {:>9} {:>6} {:>7} {:>9}{flag}",
+            spec.name,
+            r.name,
+            compiled.arch.name(),
+            r.registers,
+            r.spill_stores,
+            r.spill_loads,
+            r.stack_bytes,
+            r.smem_bytes,
+            time
+        );
+    }
+}
