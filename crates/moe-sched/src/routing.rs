@@ -22,7 +22,7 @@ impl RoutingStats {
         topk_idx_per_rank: &[&[i64]],
     ) -> Result<Self, SchedError> {
         let num_ranks = topk_idx_per_rank.len() as u32;
-        if num_ranks == 0 || num_experts == 0 || num_experts % num_ranks != 0 {
+        if num_ranks == 0 || num_experts == 0 || !num_experts.is_multiple_of(num_ranks) {
             return Err(SchedError::Shape(format!(
                 "{num_experts} experts over {num_ranks} ranks: need a positive multiple"
             )));
@@ -35,7 +35,7 @@ impl RoutingStats {
         let mut src_expert_counts = vec![0u32; num_ranks as usize * e];
         for (rank, topk_idx) in topk_idx_per_rank.iter().enumerate() {
             let rank = rank as u32;
-            if topk_idx.len() % k != 0 {
+            if !topk_idx.len().is_multiple_of(k) {
                 return Err(SchedError::TopkShape {
                     rank,
                     len: topk_idx.len(),
