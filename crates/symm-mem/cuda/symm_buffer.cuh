@@ -28,12 +28,21 @@ struct SymmBuffer {
     }
 };
 
+// Pinned against symm-mem (device.rs asserts the same numbers). NVRTC has no offsetof, so there
+// the offsets follow from each member's size and alignment in declaration order (standard
+// layout); nvcc and host compilers check the offsets themselves as well.
 static_assert(sizeof(SymmBuffer) == 592, "SymmBuffer size differs from symm-mem's");
 static_assert(alignof(SymmBuffer) == 8, "SymmBuffer alignment differs from symm-mem's");
+static_assert(sizeof(SymmBuffer::base) == 8 && alignof(decltype(SymmBuffer::base)) == 8, "SymmBuffer::base");
+static_assert(sizeof(SymmBuffer::rank) == 4 && alignof(decltype(SymmBuffer::rank)) == 4, "SymmBuffer::rank");
+static_assert(sizeof(SymmBuffer::num_ranks) == 4, "SymmBuffer::num_ranks");
+static_assert(sizeof(SymmBuffer::rank_offsets) == 8 * kMaxRanks && alignof(long long) == 8, "SymmBuffer::rank_offsets");
+#ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(SymmBuffer, base) == 0, "SymmBuffer::base");
 static_assert(__builtin_offsetof(SymmBuffer, rank) == 8, "SymmBuffer::rank");
 static_assert(__builtin_offsetof(SymmBuffer, num_ranks) == 12, "SymmBuffer::num_ranks");
 static_assert(__builtin_offsetof(SymmBuffer, rank_offsets) == 16, "SymmBuffer::rank_offsets");
+#endif
 
 // Where one pool row came from: token `token` of rank `rank`, top-k slot `topk`.
 struct alignas(8) TokenSrc {
@@ -44,8 +53,12 @@ struct alignas(8) TokenSrc {
 
 static_assert(sizeof(TokenSrc) == 8, "TokenSrc size differs from symm-mem's");
 static_assert(alignof(TokenSrc) == 8, "TokenSrc alignment differs from symm-mem's");
+static_assert(sizeof(TokenSrc::token) == 4 && sizeof(TokenSrc::rank) == 2 && sizeof(TokenSrc::topk) == 2,
+              "TokenSrc members");
+#ifndef __CUDACC_RTC__
 static_assert(__builtin_offsetof(TokenSrc, token) == 0, "TokenSrc::token");
 static_assert(__builtin_offsetof(TokenSrc, rank) == 4, "TokenSrc::rank");
 static_assert(__builtin_offsetof(TokenSrc, topk) == 6, "TokenSrc::topk");
+#endif
 
 }  // namespace symm_mem
