@@ -71,7 +71,7 @@ fn counts(len: usize, max: u32, seed: u64) -> Vec<u32> {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            if state % 5 == 0 {
+            if state.is_multiple_of(5) {
                 0
             } else {
                 (state >> 8) as u32 % (max + 1)
