@@ -198,7 +198,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   .gpu-bundle/run.sh [FILTER]     FILTER: only tests whose "binary::test" name contains it
 #
 # CUDA_PATH (default /usr/local/cuda) must hold include/ and lib64/libnvrtc.so.13. TEST_TIMEOUT (seconds,
-# default 600) bounds each test.
+# default 600) bounds each test. VERBOSE=1 also shows the output of passing tests.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 filter="${1:-}"
@@ -222,11 +222,13 @@ for bin in "$here"/tests/*; do
       (( status == 124 )) && echo "    (timed out after ${timeout_s} s)"
       printf '%s\n' "$output" | sed 's/^/    /'
       failed=$((failed + 1))
-    elif skip="$(printf '%s\n' "$output" | grep -m1 '^SKIP')"; then
-      echo "SKIP $name: ${skip#SKIP }"
+    elif skip="$(printf '%s\n' "$output" | grep -o -m1 'SKIP: .*')"; then
+      # A test that cannot run here (e.g. needs 2 GPUs) prints "SKIP: <why>" and returns.
+      echo "SKIP $name: ${skip#SKIP: }"
       skipped=$((skipped + 1))
     else
       echo "PASS $name"
+      [[ -n "${VERBOSE:-}" ]] && printf '%s\n' "$output" | sed 's/^/    /'
       passed=$((passed + 1))
     fi
   done < <("$bin" --list --ignored 2>/dev/null | sed -n 's/: test$//p')

@@ -3,7 +3,7 @@
 
 use crate::error::DriverCall;
 use crate::{Error, Gpu, Result};
-use cudarc::driver::sys;
+use cudarc::driver::{DriverError, result, sys};
 
 impl Gpu {
     /// Whether this device's kernels can access `peer`'s memory once enabled.
@@ -25,7 +25,9 @@ impl Gpu {
         Ok(can != 0)
     }
 
-    /// Maps `peer`'s memory into this device's context. One direction; already enabled is fine.
+    /// Lets this device's kernels access `peer`'s memory: `cuMemAlloc` memory (through the context) and
+    /// stream-ordered pool memory, which cudarc's allocations are (through the pool). One direction;
+    /// already enabled is fine.
     pub fn enable_peer_access(&self, peer: &Gpu) -> Result<()> {
         if self.ordinal() == peer.ordinal() {
             return Ok(());
@@ -40,13 +42,33 @@ impl Gpu {
         // SAFETY: `peer`'s context is alive; flags must be 0.
         match unsafe { sys::cuCtxEnablePeerAccess(peer.context().cu_ctx(), 0) } {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
-                Ok(())
             }
-            code => Err(Error::Driver {
-                call: "cuCtxEnablePeerAccess",
-                source: cudarc::driver::DriverError(code),
-            }),
+            code => {
+                return Err(Error::Driver {
+                    call: "cuCtxEnablePeerAccess",
+                    source: DriverError(code),
+                });
+            }
         }
+        // cudarc allocates from the device's memory pool (cuMemAllocAsync), and pool memory is not
+        // covered by cuCtxEnablePeerAccess: each pool grants access itself. Idempotent.
+        if peer.context().has_async_alloc() {
+            // SAFETY: a device handle from a live context.
+            let pool = unsafe { result::device::get_mem_pool(peer.context().cu_device()) }
+                .call("cuDeviceGetMemPool")?;
+            let access = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: self.context().cu_device(),
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: a valid pool and one access descriptor.
+            unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) }
+                .result()
+                .call("cuMemPoolSetAccess")?;
+        }
+        Ok(())
     }
 }
 

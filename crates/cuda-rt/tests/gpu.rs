@@ -270,12 +270,12 @@ fn tma_loads_tiles_and_zero_fills_past_the_edge() {
 fn peer_access_lets_one_gpu_read_another() {
     let count = Gpu::count().unwrap();
     if count < 2 {
-        eprintln!("SKIP peer_access_lets_one_gpu_read_another: needs 2 GPUs, found {count}");
+        eprintln!("SKIP: needs 2 GPUs, found {count}");
         return;
     }
     let gpus = [gpu(0), gpu(1)];
     if !gpus[0].can_access_peer(&gpus[1]).unwrap() {
-        eprintln!("SKIP peer_access_lets_one_gpu_read_another: GPU 0 cannot access GPU 1");
+        eprintln!("SKIP: GPU 0 cannot access GPU 1");
         return;
     }
     enable_peer_access_all(&gpus).unwrap();
