@@ -84,64 +84,119 @@ fn gemm_f64(
 /// `out[n][i]` for the `ROW_BLOCK` decoded weight rows `b` against all rows of `a`.
 fn dot_block(a: &[f64], b: &[f64], k: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present, checked just above.
-        return unsafe { dot_block_avx2(a, b, k, out) };
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA are present, checked just above.
+        return unsafe { avx2::dot_block(a, b, k, out) };
     }
-    dot_block_portable(a, b, k, out)
+    dot_block_with(a, b, k, out, tile_portable::<1>, tile_portable::<TILE_M>)
 }
 
-/// The same code compiled with AVX2 (4 f64 lanes instead of SSE2's 2).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dot_block_avx2(a: &[f64], b: &[f64], k: usize, out: &mut [f32]) {
-    dot_block_portable(a, b, k, out)
-}
-
+/// Walks `out` in tiles of `TILE_M` token rows × `TILE_N` weight rows (one token row at the
+/// tail), with `tile1` / `tile2` computing a tile of 1 or `TILE_M` token rows.
 #[inline(always)]
-fn dot_block_portable(a: &[f64], b: &[f64], k: usize, out: &mut [f32]) {
+fn dot_block_with(
+    a: &[f64],
+    b: &[f64],
+    k: usize,
+    out: &mut [f32],
+    tile1: impl Fn([&[f64]; 1], [&[f64]; TILE_N]) -> [[f32; TILE_N]; 1],
+    tile2: impl Fn([&[f64]; TILE_M], [&[f64]; TILE_N]) -> [[f32; TILE_N]; TILE_M],
+) {
     let m = a.len() / k;
+    let row = |i: usize| &a[i * k..(i + 1) * k];
     for (n0, bs) in b.chunks_exact(TILE_N * k).enumerate() {
         let brows: [&[f64]; TILE_N] = std::array::from_fn(|j| &bs[j * k..(j + 1) * k]);
         let mut store = |i0: usize, acc: &[[f32; TILE_N]]| {
-            for (di, row) in acc.iter().enumerate() {
-                for (j, &v) in row.iter().enumerate() {
+            for (di, sums) in acc.iter().enumerate() {
+                for (j, &v) in sums.iter().enumerate() {
                     out[(n0 * TILE_N + j) * m + i0 + di] = v;
                 }
             }
         };
         let mut i0 = 0;
         while i0 + TILE_M <= m {
-            let arows: [&[f64]; TILE_M] =
-                std::array::from_fn(|i| &a[(i0 + i) * k..(i0 + i + 1) * k]);
-            store(i0, &tile(arows, brows));
+            store(i0, &tile2(std::array::from_fn(|i| row(i0 + i)), brows));
             i0 += TILE_M;
         }
         if i0 < m {
-            store(i0, &tile([&a[i0 * k..(i0 + 1) * k]], brows));
+            store(i0, &tile1([row(i0)], brows));
         }
     }
 }
 
-/// One register tile of MR token rows × TILE_N weight rows, LANES partial sums each.
+/// Sums the LANES partial sums of one dot product, lane 0 first, and rounds once to f32.
 #[inline(always)]
-fn tile<const MR: usize>(a: [&[f64]; MR], b: [&[f64]; TILE_N]) -> [[f32; TILE_N]; MR] {
+fn finish_lanes(lanes: [f64; LANES]) -> f32 {
+    lanes.iter().sum::<f64>() as f32
+}
+
+/// One register tile of MR token rows × TILE_N weight rows, LANES partial sums each: partial
+/// sum l of a dot product collects the products at k ≡ l (mod LANES).
+fn tile_portable<const MR: usize>(a: [&[f64]; MR], b: [&[f64]; TILE_N]) -> [[f32; TILE_N]; MR] {
     let mut acc = [[[0f64; LANES]; TILE_N]; MR];
     for c in (0..a[0].len()).step_by(LANES) {
-        let av: [&[f64; LANES]; MR] =
-            std::array::from_fn(|i| a[i][c..c + LANES].try_into().unwrap());
-        let bv: [&[f64; LANES]; TILE_N] =
-            std::array::from_fn(|j| b[j][c..c + LANES].try_into().unwrap());
         for i in 0..MR {
             for j in 0..TILE_N {
                 for l in 0..LANES {
                     // Exact: both factors have at most 4 significant bits.
-                    acc[i][j][l] += av[i][l] * bv[j][l];
+                    acc[i][j][l] += a[i][c + l] * b[j][c + l];
                 }
             }
         }
     }
-    std::array::from_fn(|i| std::array::from_fn(|j| acc[i][j].iter().sum::<f64>() as f32))
+    acc.map(|row| row.map(finish_lanes))
+}
+
+/// The same tiles with AVX2 + FMA: one 4-lane register per partial-sum vector, so the sums are
+/// bit-identical to the portable path (a fused multiply-add of an exact product rounds once,
+/// like the separate add).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{LANES, TILE_M, TILE_N, dot_block_with, finish_lanes};
+    use std::arch::x86_64::*;
+
+    const _: () = assert!(LANES == 4, "one __m256d per partial-sum vector");
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_block(a: &[f64], b: &[f64], k: usize, out: &mut [f32]) {
+        // SAFETY (both closures): this function only runs where AVX2 and FMA are present.
+        dot_block_with(
+            a,
+            b,
+            k,
+            out,
+            |a, b| unsafe { tile::<1>(a, b) },
+            |a, b| unsafe { tile::<TILE_M>(a, b) },
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const MR: usize>(a: [&[f64]; MR], b: [&[f64]; TILE_N]) -> [[f32; TILE_N]; MR] {
+        let k = a[0].len();
+        assert!(k.is_multiple_of(LANES) && a.iter().chain(&b).all(|r| r.len() == k));
+        let mut acc = [[_mm256_setzero_pd(); TILE_N]; MR];
+        for c in (0..k).step_by(LANES) {
+            // SAFETY: c + LANES ≤ k = the length of every row, asserted above.
+            let bv: [__m256d; TILE_N] =
+                std::array::from_fn(|j| unsafe { _mm256_loadu_pd(b[j].as_ptr().add(c)) });
+            for i in 0..MR {
+                // SAFETY: as above.
+                let av = unsafe { _mm256_loadu_pd(a[i].as_ptr().add(c)) };
+                for j in 0..TILE_N {
+                    acc[i][j] = _mm256_fmadd_pd(av, bv[j], acc[i][j]);
+                }
+            }
+        }
+        acc.map(|row| {
+            row.map(|v| {
+                let mut lanes = [0f64; LANES];
+                // SAFETY: `lanes` holds exactly one __m256d.
+                unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), v) };
+                finish_lanes(lanes)
+            })
+        })
+    }
 }
 
 /// Decodes one packed MXFP4 row to f64 (each value is exact, as it is in f32 for valid data).
@@ -597,5 +652,61 @@ pub fn forward_f32(
 fn widen(src: &[f32], dst: &mut [f64]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f64::from(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Exact-product operands like the real ones: small integers times powers of two.
+    fn operands(len: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Vec<f64> {
+        (0..len)
+            .map(|_| {
+                f64::from(rng.random_range(-15i32..=15)) * 2f64.powi(rng.random_range(-20..20))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dispatched_tiles_match_the_portable_ones_bit_for_bit() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let k = 256;
+        for m in [1, 2, 3, 7] {
+            let a = operands(m * k, &mut rng);
+            let b = operands(ROW_BLOCK * k, &mut rng);
+            let (mut fast, mut portable) = (vec![0f32; ROW_BLOCK * m], vec![0f32; ROW_BLOCK * m]);
+            dot_block(&a, &b, k, &mut fast);
+            dot_block_with(
+                &a,
+                &b,
+                k,
+                &mut portable,
+                tile_portable::<1>,
+                tile_portable::<TILE_M>,
+            );
+            assert_eq!(fast, portable, "m = {m}");
+            // And both are the f64 dot product rounded once (up to f64 reassociation).
+            for (idx, &v) in portable.iter().enumerate() {
+                let (n, i) = (idx / m, idx % m);
+                let exact: f64 = (0..k).map(|c| a[i * k + c] * b[n * k + c]).sum();
+                assert!(
+                    (f64::from(v) - exact).abs() <= exact.abs() * 1e-6 + 1e-30,
+                    "{v} vs {exact}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fp4_decode_matches_fp_formats() {
+        let packed: Vec<u8> = (0..=255).collect();
+        let sf: Vec<u8> = (0..16).map(|i| 100 + 3 * i).collect();
+        let mut ours = vec![0f64; 512];
+        decode_fp4_row(&packed, &sf, &mut ours);
+        let mut theirs = vec![0f32; 512];
+        quant::dequantize_fp4_row(&packed, &sf, &mut theirs);
+        assert!(ours.iter().zip(&theirs).all(|(&a, &b)| a == f64::from(b)));
     }
 }

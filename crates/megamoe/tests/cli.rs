@@ -1,0 +1,120 @@
+//! The `megamoe` binary end to end: gen → run → check, and its refusals.
+
+use megamoe::files;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output as Exit};
+
+fn megamoe(args: &[&str]) -> Exit {
+    Command::new(env!("CARGO_BIN_EXE_megamoe"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Exit) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("megamoe-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn gen_run_check() {
+    let (a, b) = (temp("a"), temp("b"));
+    for dir in [&a, &b] {
+        let gen_args = [
+            "gen",
+            s(dir),
+            "--preset",
+            "tiny",
+            "--tokens",
+            "24",
+            "--ranks",
+            "2",
+            "--seed",
+            "3",
+        ];
+        let out = megamoe(
+            &[
+                &gen_args[..],
+                &[
+                    "--mask-fraction",
+                    "0.25",
+                    "--clamp",
+                    "none",
+                    "--recipe",
+                    "g128",
+                ],
+            ]
+            .concat(),
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(files::read_config(dir).unwrap().clamp.is_none());
+        let out = megamoe(&["run", s(dir), "--backend", "cpu"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains("GFLOP/s"), "{}", text(&out));
+    }
+    // Same seed, same problem: identical outputs pass, directory against directory.
+    let out = megamoe(&["check", s(&a), s(&b)]);
+    assert!(
+        out.status.success() && text(&out).contains("calc_diff 0.000e0"),
+        "{}",
+        text(&out)
+    );
+
+    // A perturbed output fails, file against file.
+    let path = files::output_path(&b, 1);
+    let mut y = files::read_output(&path).unwrap();
+    y.y.iter_mut().step_by(3).for_each(|v| *v = -*v);
+    files::write_output(&path, &y).unwrap();
+    let out = megamoe(&["check", s(&files::output_path(&a, 1)), s(&path)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("FAIL"));
+    // ...unless the tolerance says it is fine.
+    assert!(
+        megamoe(&["check", s(&a), s(&b), "--tol", "2"])
+            .status
+            .success()
+    );
+    for dir in [a, b] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[test]
+fn refusals() {
+    let dir = temp("refusals");
+    let out = megamoe(&["gen", s(&dir), "--ranks", "3"]);
+    assert!(
+        !out.status.success() && text(&out).contains("not a positive multiple of num_ranks R = 3"),
+        "{}",
+        text(&out)
+    );
+    let out = megamoe(&["gen", s(&dir), "--preset", "gpt-5"]);
+    assert!(
+        !out.status.success() && text(&out).contains("unknown preset `gpt-5`"),
+        "{}",
+        text(&out)
+    );
+    let out = megamoe(&["run", s(&dir), "--backend", "cuda"]);
+    assert!(
+        !out.status.success() && text(&out).contains("invalid value 'cuda'"),
+        "{}",
+        text(&out)
+    );
+    let out = megamoe(&["run", s(&dir)]);
+    assert!(
+        !out.status.success() && text(&out).contains("config.json"),
+        "{}",
+        text(&out)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
