@@ -473,7 +473,7 @@ fn combine<S: Copy + Sync>(
     slots: &[S],
     value: impl Fn(S) -> f32 + Sync,
 ) -> Vec<f32> {
-    let mut y = vec![0f32; slots.len() / k.max(1)];
+    let mut y = vec![0f32; topk_idx.len() / k * h];
     y.par_chunks_mut(h).enumerate().for_each(|(t, yt)| {
         for j in (0..k).filter(|&j| topk_idx[t * k + j] >= 0) {
             for (acc, &s) in yt.iter_mut().zip(&slots[(t * k + j) * h..][..h]) {
@@ -491,6 +491,8 @@ pub struct Forward<'a> {
     inputs: &'a [RankInputs],
     /// Per source rank, the L2 output of every slot, `[T, k, H]`; masked slots are never read.
     slots: Vec<Vec<bf16>>,
+    /// Which owner ranks have run: combining before all have would silently drop slots.
+    owners_done: Vec<bool>,
     progress: ProgressBar,
 }
 
@@ -506,6 +508,7 @@ impl<'a> Forward<'a> {
             config: *config,
             inputs,
             slots,
+            owners_done: vec![false; config.num_ranks],
             progress: ProgressBar::hidden(),
         }
     }
@@ -554,11 +557,19 @@ impl<'a> Forward<'a> {
             }
             self.progress.inc(1);
         }
+        self.owners_done[owner] = true;
         Ok(())
     }
 
     /// The combine (step 5): `y` `[T, H]` BF16 per rank.
     pub fn finish(self) -> Vec<Vec<bf16>> {
+        let missing: Vec<usize> = (0..self.config.num_ranks)
+            .filter(|&r| !self.owners_done[r])
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "combine before owner ranks {missing:?} ran"
+        );
         let (k, h) = (self.config.top_k, self.config.hidden);
         self.inputs
             .iter()
@@ -579,6 +590,7 @@ pub fn forward(
     weights: &[RankWeights],
     inputs: &[RankInputs],
 ) -> Result<Vec<Vec<bf16>>, ReferenceError> {
+    assert_eq!(weights.len(), config.num_ranks, "one RankWeights per rank");
     let mut fwd = Forward::new(config, inputs);
     for (owner, w) in weights.iter().enumerate() {
         fwd.run_owner(owner, w)?;
@@ -599,6 +611,10 @@ pub fn forward_f32(
     inputs: &[DenseInputs],
 ) -> Vec<Vec<f32>> {
     let (h, i, k) = (config.hidden, config.intermediate, config.top_k);
+    assert!(
+        weights.len() == config.num_ranks && inputs.len() == config.num_ranks,
+        "one entry per rank"
+    );
     let topk_idx: Vec<&[i64]> = inputs.iter().map(|x| x.topk_idx.as_slice()).collect();
     let mut slots: Vec<Vec<f32>> = inputs
         .iter()
@@ -697,6 +713,21 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "combine before owner ranks [1] ran")]
+    fn combining_before_every_owner_ran_is_a_bug() {
+        let opts = crate::generate::GenOptions {
+            config: Config::tiny().with_ranks(2),
+            tokens: 4,
+            seed: 1,
+            mask_fraction: 0.0,
+        };
+        let p = crate::generate::problem(&opts);
+        let mut fwd = Forward::new(&p.config, &p.inputs);
+        fwd.run_owner(0, &p.weights[0]).unwrap();
+        fwd.finish();
     }
 
     #[test]
