@@ -53,12 +53,7 @@ fn main() -> Result<()> {
         .init();
     let root = workspace_root();
     match Cli::parse().command {
-        Cmd::SetupCuda => {
-            for (name, value) in toolchain::ensure(&root)? {
-                println!("export {name}='{value}'");
-            }
-            Ok(())
-        }
+        Cmd::SetupCuda => run(&mut Command::new(root.join(toolchain::SCRIPT))),
         Cmd::Kernels(args) => kernels::run(&args),
         Cmd::TestGpu { test_args } => test_gpu(&root, &test_args),
         Cmd::GpuBundle => bundle::build(&root),

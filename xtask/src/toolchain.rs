@@ -6,10 +6,12 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+pub const SCRIPT: &str = "scripts/cuda-toolchain.sh";
+
 /// Runs the script (installing the pinned wheels if no toolkit exists) and returns its variables, with
 /// `$PATH` / `$LD_LIBRARY_PATH` references expanded from our own environment.
 pub fn ensure(root: &Path) -> Result<Vec<(String, String)>> {
-    let script = root.join("scripts/cuda-toolchain.sh");
+    let script = root.join(SCRIPT);
     let out = Command::new(&script)
         .current_dir(root)
         .stderr(Stdio::inherit())

@@ -14,19 +14,20 @@ use crate::{Arch, Error, Result};
 /// Loads libcuda and runs `cuInit` once. cudarc panics on the first driver call when libcuda is absent,
 /// so every driver entry point of this crate goes through here first.
 pub(crate) fn driver() -> Result<()> {
-    static INIT: OnceLock<Result<(), sys::CUresult>> = OnceLock::new();
+    // `None`: no libcuda; `Some(code)`: cuInit's result.
+    static INIT: OnceLock<Option<sys::CUresult>> = OnceLock::new();
     let init = INIT.get_or_init(|| {
-        // SAFETY: only probes dlopen.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(sys::CUresult::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED);
-        }
-        result::init().map_err(|e| e.0)
+        driver_present().then(|| {
+            result::init()
+                .err()
+                .map_or(sys::CUresult::CUDA_SUCCESS, |e| e.0)
+        })
     });
     match *init {
-        Ok(()) => Ok(()),
-        Err(sys::CUresult::CUDA_ERROR_SHARED_OBJECT_INIT_FAILED) => Err(Error::NoDriver),
-        Err(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Err(Error::NoDevice),
-        Err(code) => Err(Error::Driver {
+        None => Err(Error::NoDriver),
+        Some(sys::CUresult::CUDA_SUCCESS) => Ok(()),
+        Some(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Err(Error::NoDevice),
+        Some(code) => Err(Error::Driver {
             call: "cuInit",
             source: result::DriverError(code),
         }),
