@@ -33,7 +33,7 @@ for arg in "$@"; do
   case "$arg" in
     --wheels) wheels=1 ;;
     --force) wheels=1; force=1 ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "cuda-toolchain: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done

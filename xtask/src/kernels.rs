@@ -17,7 +17,8 @@ fn registry() -> Vec<KernelSpec> {
         KernelSpec::new("fp-formats/twin_test", fp_formats::TWIN_TEST_SOURCE)
             .header(fp_formats::CUDA_HEADER),
     );
-    // Add further crates here, e.g. `specs.extend(megamoe_kernel::kernels());`.
+    specs.extend(megamoe_kernel::gemm::kernels());
+    // Add further crates here.
     specs
 }
 
@@ -78,14 +79,34 @@ pub fn run(args: &Args) -> Result<()> {
         .collect();
 
     let mut failures = Vec::new();
+    let widths = [
+        jobs.iter().map(|(s, _)| s.name.len()).max().unwrap_or(0),
+        results
+            .iter()
+            .flatten()
+            .flat_map(|c| c.resources.iter().map(|r| r.name.len()))
+            .max()
+            .unwrap_or(0)
+            .max(5),
+    ];
     println!(
-        "{:<28} {:<24} {:<8} {:>5} {:>9} {:>9} {:>6} {:>7} {:>9}",
-        "kernel", "entry", "arch", "regs", "spill st", "spill ld", "stack", "smem", "compile"
+        "{:<w0$} {:<w1$} {:<8} {:>5} {:>9} {:>9} {:>6} {:>7} {:>9}",
+        "kernel",
+        "entry",
+        "arch",
+        "regs",
+        "spill st",
+        "spill ld",
+        "stack",
+        "smem",
+        "compile",
+        w0 = widths[0],
+        w1 = widths[1],
     );
     for ((spec, arch), result) in jobs.iter().zip(results) {
         match result {
             Ok(compiled) => {
-                print_rows(spec, &compiled);
+                print_rows(spec, &compiled, widths);
                 for r in compiled
                     .resources
                     .iter()
@@ -111,7 +132,8 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn print_rows(spec: &KernelSpec, compiled: &Compiled) {
+/// One row per entry function; `widths` are the kernel and entry column widths.
+fn print_rows(spec: &KernelSpec, compiled: &Compiled, [w0, w1]: [usize; 2]) {
     let time = match compiled.outcome {
         CompileOutcome::Compiled => format!("{:.0} ms", compiled.elapsed.as_secs_f64() * 1e3),
         CompileOutcome::Cached => "cached".to_owned(),
@@ -125,7 +147,7 @@ fn print_rows(spec: &KernelSpec, compiled: &Compiled) {
             ""
         };
         println!(
-            "{:<28} {:<24} {:<8} {:>5} {:>9} {:>9} {:>6} {:>7} {:>9}{flag}",
+            "{:<w0$} {:<w1$} {:<8} {:>5} {:>9} {:>9} {:>6} {:>7} {:>9}{flag}",
             spec.name,
             r.name,
             compiled.arch.name(),
