@@ -30,7 +30,9 @@
 //!
 //! Plain `cargo test` runs everything that needs no GPU, NVRTC included: it requires the toolkit
 //! (`scripts/cuda-toolchain.sh`) and fails with that hint otherwise. GPU tests are `#[ignore = "needs a
-//! CUDA GPU"]` and run with `cargo xtask test-gpu` or from `cargo xtask gpu-bundle`.
+//! CUDA GPU"]` and run with `cargo xtask test-gpu` or from `cargo xtask gpu-bundle`; without a GPU they
+//! fail. One that cannot run on the machine at hand (e.g. needs 2 GPUs) prints `SKIP: <why>` and
+//! returns, and the bundle's `run.sh` reports it as a skip, not a pass.
 
 pub mod arch;
 mod cache;
