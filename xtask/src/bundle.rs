@@ -28,13 +28,14 @@ pub fn build(root: &Path) -> Result<()> {
     let tests = artifacts(
         root,
         &["test", "--workspace", "--release", "--no-run"],
-        true,
+        Pick::Tests,
     )?;
     let bins = artifacts(
         root,
         &["build", "--workspace", "--release", "--bins"],
-        false,
+        Pick::Bins,
     )?;
+    let benches = artifacts(root, &["bench", "--workspace", "--no-run"], Pick::Benches)?;
 
     let dir = root.join(BUNDLE_DIR);
     if dir.exists() {
@@ -42,6 +43,7 @@ pub fn build(root: &Path) -> Result<()> {
     }
     fs::create_dir_all(dir.join("tests"))?;
     fs::create_dir_all(dir.join("bin"))?;
+    fs::create_dir_all(dir.join("bench"))?;
 
     let mut bundled = 0;
     for test in &tests {
@@ -57,6 +59,10 @@ pub fn build(root: &Path) -> Result<()> {
         let file_name = bin.path.file_name().context("binary without a file name")?;
         copy_stripped(&bin.path, &dir.join("bin").join(file_name))?;
         println!("bin/{}", file_name.to_string_lossy());
+    }
+    for bench in &benches {
+        copy_stripped(&bench.path, &dir.join("bench").join(&bench.name))?;
+        println!("bench/{}", bench.name);
     }
     if bundled == 0 {
         bail!("no test binary has ignored (GPU) tests");
@@ -78,9 +84,20 @@ pub fn build(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs cargo with JSON messages and returns the executables it reports (test targets only when
-/// `tests`). Diagnostics stay human-readable on stderr.
-fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<Artifact>> {
+/// Which executables of a cargo run to keep.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    /// libtest binaries of lib and integration-test targets.
+    Tests,
+    /// `[[bin]]` targets.
+    Bins,
+    /// `[[bench]]` targets (benchmark programs, run by hand on the GPU machine).
+    Benches,
+}
+
+/// Runs cargo with JSON messages and returns the executables it reports that `pick` selects.
+/// Diagnostics stay human-readable on stderr.
+fn artifacts(root: &Path, args: &[&str], pick: Pick) -> Result<Vec<Artifact>> {
     let out = cargo(root)
         .args(args)
         .arg("--message-format=json-render-diagnostics")
@@ -95,7 +112,17 @@ fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<Artifact>> {
         let Ok(msg) = serde_json::from_str::<Value>(line) else {
             continue;
         };
-        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"].as_bool() != Some(tests) {
+        let kinds = &msg["target"]["kind"];
+        let is_bench = kinds
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "bench"));
+        let is_test = msg["profile"]["test"].as_bool() == Some(true);
+        let wanted = match pick {
+            Pick::Tests => is_test && !is_bench,
+            Pick::Bins => !is_test && !is_bench,
+            Pick::Benches => is_bench,
+        };
+        if msg["reason"] != "compiler-artifact" || !wanted {
             continue;
         }
         let Some(path) = msg["executable"].as_str() else {
@@ -106,7 +133,6 @@ fn artifacts(root: &Path, args: &[&str], tests: bool) -> Result<Vec<Artifact>> {
             .and_then(Path::file_name)
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let kinds = &msg["target"]["kind"];
         let target = if kinds
             .as_array()
             .is_some_and(|k| k.iter().any(|k| k == "lib"))

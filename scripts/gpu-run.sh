@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One full run on a GPU machine without Rust, from a bundle made here by `cargo xtask gpu-bundle`:
+# the GPU tests (one line each), the grouped-GEMM benchmark, and the SASS instruction mix of every
+# GEMM specialization the run compiled. Everything is logged under $OUT (default ./gpu-out).
+#
+#   scripts/gpu-run.sh [TEST_FILTER] [BENCH_ARGS...]
+#
+# Environment: SKIP_TESTS=1, SKIP_BENCH=1; TEST_TIMEOUT per test (default 300 s).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bundle="$root/.gpu-bundle"
+out="${OUT:-$root/gpu-out}"
+mkdir -p "$out"
+export MEGAMOE_CACHE="${MEGAMOE_CACHE:-/tmp/megamoe-cache}"
+export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
+export TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
+filter="${1:-}"
+shift || true
+
+{ nvidia-smi; nvidia-smi topo -m; } >"$out/machine.txt" 2>&1
+head -12 "$out/machine.txt"
+status=0
+if [[ -z "${SKIP_TESTS:-}" ]]; then
+  VERBOSE=1 "$bundle/run.sh" "$filter" >"$out/tests.log" 2>&1 || status=1
+  grep -E '^(PASS|FAIL|SKIP) |passed, ' "$out/tests.log"
+  grep -E 'calc_diff' "$out/tests.log" | sed 's/^ *//' | sort | uniq | head -60
+fi
+if [[ -z "${SKIP_BENCH:-}" ]]; then
+  for bench in "$bundle"/bench/*; do
+    timeout 420 "$bench" "$@" 2>&1 | tee "$out/bench.$(basename "$bench").log" || status=1
+  done
+fi
+# The instruction mix of each compiled GEMM: the tensor-core ops must be there, local memory must not.
+if command -v cuobjdump >/dev/null || [[ -x "$CUDA_PATH/bin/cuobjdump" ]]; then
+  dump="$(command -v cuobjdump || echo "$CUDA_PATH/bin/cuobjdump")"
+  for cubin in "$MEGAMOE_CACHE"/jit/*.cubin; do
+    [[ -e "$cubin" ]] || continue
+    grep -q 'mm_moe_gemm' "$cubin" || continue
+    sass="$("$dump" --dump-sass "$cubin" 2>/dev/null)"
+    printf '%s %s\n' "$(basename "$cubin" .cubin | cut -c1-12)" \
+      "$(printf '%s\n' "$sass" | grep -oE '\b(QGMMA|HGMMA|LDL|STL|PRMT|SYNCS)[A-Z0-9._]*' | cut -d. -f1 | sort | uniq -c | tr '\n' ' ')"
+  done | tee "$out/sass-mix.txt"
+fi
+exit $status
