@@ -146,14 +146,12 @@ fn main() {
             } else {
                 tiles.split(',').map(|s| s.parse().unwrap()).collect()
             };
-            for bn in bns.into_iter().filter(|bn| TOKEN_TILES.contains(bn)) {
-                let core = GemmCore::new(&gpu, &jit, TilePlan::new(recipe, bn).unwrap()).unwrap();
-                let mut times = Vec::new();
-                let mut bytes_total = 0usize;
-                for layer in &layers {
-                    let k = layer.weights.k;
-                    let pool = ActPool::random(recipe, &rows, k, 99);
-                    let sf_stride = pool.sf_stride(bn);
+            // One pool per layer (K differs), shared by every tile size.
+            let mut pools: Vec<_> = layers
+                .iter()
+                .map(|layer| {
+                    let pool = ActPool::random(recipe, &rows, layer.weights.k, 99);
+                    let sf_stride = pool.sf_stride(*TOKEN_TILES.last().unwrap());
                     let (act, act_sf) = match recipe {
                         Recipe::G128 => (
                             gpu.upload(&pool.q).unwrap(),
@@ -165,20 +163,30 @@ fn main() {
                         gpu.upload(&pool.expert_offset).unwrap(),
                         gpu.upload(&pool.expert_rows).unwrap(),
                     );
+                    let out = gpu.alloc_zeros::<u16>(pool.rows * layer.weights.n).unwrap();
+                    (pool, sf_stride, act, act_sf, offsets, counts, out)
+                })
+                .collect();
+            for bn in bns.into_iter().filter(|bn| TOKEN_TILES.contains(bn)) {
+                let core = GemmCore::new(&gpu, &jit, TilePlan::new(recipe, bn).unwrap()).unwrap();
+                let mut times = Vec::new();
+                let mut bytes_total = 0usize;
+                for (layer, (pool, sf_stride, act, act_sf, offsets, counts, out)) in
+                    layers.iter().zip(pools.iter_mut())
+                {
+                    let k = layer.weights.k;
                     let device_pool = Pool {
-                        act: &act,
+                        act,
                         act_sf: act_sf.as_ref(),
-                        sf_stride,
+                        sf_stride: *sf_stride,
                         rows: pool.rows,
                         expert_offset: &pool.expert_offset,
                         expert_rows: &pool.expert_rows,
-                        expert_offset_dev: &offsets,
-                        expert_rows_dev: &counts,
+                        expert_offset_dev: offsets,
+                        expert_rows_dev: counts,
                     };
-                    let mut out = gpu.alloc_zeros::<u16>(pool.rows * layer.weights.n).unwrap();
                     times.push(time_ms(&gpu, || {
-                        core.run(&gpu, &layer.weights, &device_pool, &mut out)
-                            .unwrap()
+                        core.run(&gpu, &layer.weights, &device_pool, out).unwrap()
                     }));
                     let act_elem = if recipe == Recipe::G128 { 1 } else { 2 };
                     bytes_total += hit * layer.weights.bytes_per_expert()

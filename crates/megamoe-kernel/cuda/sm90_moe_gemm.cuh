@@ -21,6 +21,8 @@
 //                nibbles 0..7; signs of A at bits 15/31, B 11/27, C 7/23, D 3/19.
 //   meta:  [128 rows] u32. g128: (d_j + 8) in nibble j, base byte in bits 16..23. mx32: UE8M0 byte j = s_j.
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for mx32), 128-B swizzle, box {128 B, BN}.
+// BN (tokens per tile) is 16, 32, 64 or 128: accumulators, two g128 temp sets and two stages of
+// fragments must fit the consumers' 224 registers.
 // g128 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
@@ -57,7 +59,7 @@ struct Layout {
   static constexpr int kSfBytes = kG128 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kStageBytes = ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + 1023) / 1024) * 1024;
   static constexpr int kBudget = 225 * 1024;
-  static constexpr int kStages = (kBudget / kStageBytes) > 8 ? 8 : (kBudget / kStageBytes);
+  static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   static constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * kStageBytes + 2 * kStages * 8;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kG128 ? BN : 0);
@@ -127,19 +129,195 @@ __device__ __forceinline__ void decode_mx32_word(u32 w, const Bf16Table& t, u32&
 
 __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(b << 23); }  // b >= 1
 
+// ---------------------------------------------------------------- consumer main loop
+// One consumer warpgroup: 64 weight rows x BN tokens. Software-pipelined so that the decode of
+// stage s+1 and the promotion of chunk c-1 run on the CUDA cores while the tensor core works on
+// chunk c. A chunk is the WGMMA work of one stage on kNsub tokens; fragments of two stages live
+// in registers (parity P = stage index & 1), g128 temp accumulators alternate between two sets.
+template <int BN, bool kG128>
+struct Consumer {
+  using L = Layout<BN, kG128>;
+  // g128: 64-token chunks above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers).
+  static constexpr int kNsub = kG128 ? (BN <= 64 ? BN : 64) : BN;
+  static constexpr int kChunks = BN / kNsub;
+  static constexpr int kAregs = kG128 ? 16 : 32;  // FP8: 4 k32 steps x 4; BF16: 8 k16 steps x 4
+
+  u8* smem;
+  u64* full;
+  u64* empty;
+  int cw, tid, lane, t, row_r;
+  int stage = 0;   // next stage to wait for
+  u32 phase = 0;
+  int held[2];     // ring stage whose fragments are in parity P
+  u32 a[2][kAregs];
+  float base[2][2];  // g128: weight base of rows r, r+8 per parity
+  float tmp[2][kNsub / 2];
+  float acc[BN / 2];
+
+  __device__ u8* stage_act(int s) const { return smem + s * L::kStageBytes; }
+  __device__ const uint2* stage_codes(int s) const { return (const uint2*)(smem + s * L::kStageBytes + L::kActBytes); }
+  __device__ const u32* stage_meta(int s) const { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); }
+  __device__ const u8* stage_sf(int s) const { return smem + s * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes; }
+
+  // Waits for the next stage and decodes its weight fragments into parity P.
+  template <int P>
+  __device__ __forceinline__ void load_stage() {
+    mbar_wait(&full[stage], phase);
+    held[P] = stage;
+    const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
+    const uint2* codes = stage_codes(stage) + cw * 128 + tid;
+    if constexpr (kG128) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, &a[P][4 * j]);
+      base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
+      base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint2 w = codes[j * 256];
+        const Bf16Table tr = bf16_table((meta_r >> (8 * j)) & 0xff);
+        const Bf16Table tr8 = bf16_table((meta_r8 >> (8 * j)) & 0xff);
+        u32* q0 = &a[P][8 * j];  // k16 step 2j; k16 step 2j+1 at +4
+        decode_mx32_word(w.x, tr, q0[0], q0[2], q0[4], q0[6]);
+        decode_mx32_word(w.y, tr8, q0[1], q0[3], q0[5], q0[7]);
+      }
+    }
+    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+  }
+
+  // This warp is done with the stage of parity P (its wgmmas completed, its reads issued).
+  template <int P>
+  __device__ __forceinline__ void release() {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[held[P]]);
+  }
+
+  // g128: chunk h of the stage in parity P into temp set B.
+  template <int P, int B>
+  __device__ __forceinline__ void issue_g128(int h) {
+#pragma unroll
+    for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
+    wg_fence();
+    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[P]))) + h * kNsub * 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mma_fp8_rs<kNsub>(tmp[B], &a[P][4 * j], desc + 2 * j, j > 0);
+    wg_commit();
+  }
+
+  // g128: acc += temp set B (chunk h of parity P's stage) x act_scale[token] x base[row].
+  template <int P, int B>
+  __device__ __forceinline__ void promote(int h) {
+#pragma unroll
+    for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
+    const u8* sf = stage_sf(held[P]) + h * kNsub;
+    // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
+#pragma unroll
+    for (int q = 0; q < kNsub / 8; ++q) {
+      const u32 two = *(const u16*)(sf + 8 * q + 2 * t);
+      const float s0 = ue8m0_to_float(two & 0xff), s1 = ue8m0_to_float(two >> 8);
+      float* out = acc + h * (kNsub / 2) + 4 * q;
+      out[0] = fmaf(tmp[B][4 * q + 0], s0 * base[P][0], out[0]);
+      out[1] = fmaf(tmp[B][4 * q + 1], s1 * base[P][0], out[1]);
+      out[2] = fmaf(tmp[B][4 * q + 2], s0 * base[P][1], out[2]);
+      out[3] = fmaf(tmp[B][4 * q + 3], s1 * base[P][1], out[3]);
+    }
+  }
+
+  // g128: the chunks of the stage held in parity P. Temp sets alternate chunk by chunk within a
+  // trip (B = (P * kChunks + h) & 1); each chunk's predecessor is promoted while it runs.
+  template <int P>
+  __device__ __forceinline__ void g128_stage() {
+#pragma unroll
+    for (int h = 0; h < kChunks; ++h) {
+      if (h == 0) {
+        constexpr int B = (P * kChunks) & 1;
+        issue_g128<P, B>(0);
+        if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
+          wg_wait<1>();
+          promote<0, B ^ 1>(kChunks - 1);
+          release<0>();
+        }
+      } else {
+        constexpr int B = (P * kChunks + 1) & 1;
+        issue_g128<P, B>(1);
+        wg_wait<1>();
+        promote<P, B ^ 1>(0);
+      }
+    }
+  }
+  // g128, end of a trip: wait for everything, promote the last chunk, release the stage.
+  template <int P>
+  __device__ __forceinline__ void g128_drain() {
+    constexpr int B = (P * kChunks + kChunks - 1) & 1;
+    wg_wait<0>();
+    promote<P, B>(kChunks - 1);
+    release<P>();
+  }
+
+  // mx32: the stage held in parity P, accumulated straight into acc; the previous stage is
+  // released once its wgmmas are done (wgmma groups complete in order).
+  template <int P>
+  __device__ __forceinline__ void mx32_stage(bool first) {
+    wg_fence();
+    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[P])));
+#pragma unroll
+    for (int q = 0; q < 8; ++q)  // box q / 4 (64 K each), 32 B per k16 inside the 128-B row
+      mma_bf16_rs<BN>(acc, &a[P][4 * q], desc + (q / 4) * (BN * 128 / 16) + 2 * (q % 4), 1);
+    wg_commit();
+    wg_wait<1>();  // unconditional: ptxas must see which fragments are free (a no-op on the first stage)
+    if (!first) release<P ^ 1>();
+  }
+
+  // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block). Stages go in
+  // trips of two (parity 0, 1); g128 drains its pipeline at the end of every trip, because ptxas
+  // serializes all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
+  __device__ __forceinline__ void mainloop(int k_blocks) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      acc[i] = 0.0f;
+      fence_operand(acc[i]);
+    }
+    load_stage<0>();
+    int kb = 0;
+    for (; kb + 1 < k_blocks; kb += 2) {
+      if constexpr (kG128) {
+        g128_stage<0>();
+        load_stage<1>();
+        g128_stage<1>();
+        if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
+        g128_drain<1>();
+      } else {
+        mx32_stage<0>(kb == 0);
+        load_stage<1>();
+        mx32_stage<1>(false);
+        if (kb + 2 < k_blocks) load_stage<0>();
+      }
+    }
+    if (kb < k_blocks) {  // an odd last stage, in parity 0
+      if constexpr (kG128) {
+        g128_stage<0>();
+        g128_drain<0>();
+      } else {
+        mx32_stage<0>(kb == 0);
+      }
+    }
+    wg_wait<0>();
+    if constexpr (!kG128) {  // the last stage's wgmmas are done now
+      if (k_blocks & 1) release<0>(); else release<1>();
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+  }
+};
+
 // ---------------------------------------------------------------- the kernel
 template <int BN, bool kG128>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kG128>;
-  constexpr int kNsub = BN < 128 ? BN : 128;  // g128 promotion sub-tile (temp accumulators)
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = (u8*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
   u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
   u64* empty = full + L::kStages;
-  auto stage_act = [&](int s) { return smem + s * L::kStageBytes; };
-  auto stage_codes = [&](int s) { return smem + s * L::kStageBytes + L::kActBytes; };
-  auto stage_meta = [&](int s) { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); };
-  auto stage_sf = [&](int s) { return smem + s * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes; };
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;
@@ -170,17 +348,18 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         const u8* codes = p.w_codes + ((size_t)(e * n_tiles + nt) * k_blocks) * kCodeBytes;
         const u32* meta = p.w_meta + ((size_t)(e * n_tiles + nt) * k_blocks) * kTileRows;
         for (int kb = 0; kb < k_blocks; ++kb) {
+          u8* dst = smem + stage * L::kStageBytes;
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_expect_tx(&full[stage], L::kTxBytes);
+          tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
           if constexpr (kG128) {
-            tma_load_2d(stage_act(stage), act_map, &full[stage], kb * kBlockK, row0);
-            bulk_load(stage_sf(stage), p.act_sf + (size_t)kb * p.sf_stride + row0, BN, &full[stage]);
+            bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
+                      &full[stage]);
           } else {
-            tma_load_2d(stage_act(stage), act_map, &full[stage], kb * kBlockK, row0);
-            tma_load_2d(stage_act(stage) + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
+            tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
           }
-          bulk_load(stage_codes(stage), codes + (size_t)kb * kCodeBytes, kCodeBytes, &full[stage]);
-          bulk_load((void*)stage_meta(stage), meta + (size_t)kb * kTileRows, kMetaBytes, &full[stage]);
+          bulk_load(dst + L::kActBytes, codes + (size_t)kb * kCodeBytes, kCodeBytes, &full[stage]);
+          bulk_load(dst + L::kActBytes + kCodeBytes, meta + (size_t)kb * kTileRows, kMetaBytes, &full[stage]);
           if (++stage == L::kStages) { stage = 0; phase ^= 1; }
         }
       }
@@ -188,90 +367,29 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<224>();
-    const int cw = wg - 1;  // which 64 rows of the tile
-    const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int row_r = cw * 64 + warp * 16 + g;  // this thread's rows: row_r and row_r + 8
-    int stage = 0;
-    u32 phase = 0;
+    Consumer<BN, kG128> c;
+    c.smem = smem;
+    c.full = full;
+    c.empty = empty;
+    c.cw = wg - 1;  // which 64 rows of the tile
+    c.tid = threadIdx.x % 128;
+    c.lane = c.tid % 32;
+    c.t = c.lane % 4;
+    c.row_r = c.cw * 64 + (c.tid / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
     int e, nt, mb;
-    float acc[BN / 2];
     for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        mbar_wait(&full[stage], phase);
-        const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
-        const uint2* codes = (const uint2*)stage_codes(stage) + cw * 128 + tid;
-        const u64 desc = desc_k_sw128(smem_addr(stage_act(stage)));
-        if constexpr (kG128) {
-          u32 a[4][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, a[j]);
-          // Per-(row, k128) base and per-token scales of this block.
-          const float base_r = ue8m0_to_float((meta_r >> 16) & 0xff);
-          const float base_r8 = ue8m0_to_float((meta_r8 >> 16) & 0xff);
-          const u8* sf = stage_sf(stage);
-#pragma unroll
-          for (int h = 0; h < BN / kNsub; ++h) {
-            float tmp[kNsub / 2];
-#pragma unroll
-            for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[i]);
-            wg_fence();
-#pragma unroll
-            for (int j = 0; j < 4; ++j) mma_fp8_rs<kNsub>(tmp, a[j], desc + h * kNsub * 8 + 2 * j, j > 0);
-            wg_commit();
-            wg_wait<0>();
-#pragma unroll
-            for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[i]);
-            // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
-#pragma unroll
-            for (int q = 0; q < kNsub / 8; ++q) {
-              const u32 two = *(const u16*)(sf + h * kNsub + 8 * q + 2 * t);
-              const float s0 = ue8m0_to_float(two & 0xff), s1 = ue8m0_to_float(two >> 8);
-              float* a_out = acc + h * (kNsub / 2) + 4 * q;
-              a_out[0] = fmaf(tmp[4 * q + 0], s0 * base_r, a_out[0]);
-              a_out[1] = fmaf(tmp[4 * q + 1], s1 * base_r, a_out[1]);
-              a_out[2] = fmaf(tmp[4 * q + 2], s0 * base_r8, a_out[2]);
-              a_out[3] = fmaf(tmp[4 * q + 3], s1 * base_r8, a_out[3]);
-            }
-          }
-        } else {
-          u32 a[8][4];  // k16 steps 0..7
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint2 w = codes[j * 256];
-            const Bf16Table tr = bf16_table((meta_r >> (8 * j)) & 0xff);
-            const Bf16Table tr8 = bf16_table((meta_r8 >> (8 * j)) & 0xff);
-            decode_mx32_word(w.x, tr, a[2 * j][0], a[2 * j][2], a[2 * j + 1][0], a[2 * j + 1][2]);
-            decode_mx32_word(w.y, tr8, a[2 * j][1], a[2 * j][3], a[2 * j + 1][1], a[2 * j + 1][3]);
-          }
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
-          wg_fence();
-#pragma unroll
-          for (int q = 0; q < 8; ++q)  // box q / 4 (64 K each), 32 B per k16 inside the 128-B row
-            mma_bf16_rs<BN>(acc, a[q], desc + (q / 4) * (BN * 128 / 16) + 2 * (q % 4), 1);
-          wg_commit();
-          wg_wait<0>();
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
-        }
-        // This warp is done with the stage (its wgmmas completed, its shared-memory reads issued).
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[stage]);
-        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-      }
+      c.mainloop(k_blocks);
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
       const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;
-      const int n0 = nt * kTileRows + row_r;
+      const int n0 = nt * kTileRows + c.row_r;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) {
-        const int col = 8 * (i >> 2) + 2 * t + (i & 1);
+        const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
         const int n = n0 + 8 * ((i >> 1) & 1);
         if (col < rows_left) {
           unsigned short b;
-          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(acc[i]));
+          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
           p.out[(row0 + col) * p.n_out + n] = b;
         }
       }

@@ -10,12 +10,13 @@ use fp_formats::Recipe;
 use crate::transform::{BLOCK_K, CODE_BYTES, GemmWeights, TILE_ROWS};
 
 /// Tokens per tile (the WGMMA N) the kernel is built for.
-pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
+pub const TOKEN_TILES: [usize; 4] = [16, 32, 64, 128];
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// Dynamic shared memory the pipeline may fill (the rest of the 227 KiB is slack and barriers).
 const SMEM_BUDGET: usize = 225 * 1024;
-const MAX_STAGES: usize = 8;
+/// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
+const MAX_STAGES: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GemmError {
@@ -94,7 +95,7 @@ impl TilePlan {
         TOKEN_TILES
             .into_iter()
             .find(|&bn| bn as f64 >= avg_rows)
-            .unwrap_or(256)
+            .unwrap_or(128)
     }
 }
 
