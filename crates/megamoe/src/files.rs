@@ -6,7 +6,8 @@
 use crate::config::{Config, ConfigError};
 use crate::problem::{self, Problem, ProblemError, RankInputs, RankWeights};
 use fp_formats::bf16;
-use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, Metadata, SafeTensorError, TensorInfo, TensorView};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -134,83 +135,117 @@ pub fn write_config(dir: &Path, config: &Config) -> Result<()> {
     std::fs::write(&path, config.to_json()).map_err(|source| FilesError::Io { path, source })
 }
 
-/// One safetensors file read whole, with its path for error messages.
+/// An open safetensors file: its parsed header, tensor data read on demand straight into the
+/// caller's buffers (never the whole file in memory: weights files are gigabytes, and every
+/// extra copy costs fresh pages).
 struct TensorFile {
     path: PathBuf,
-    bytes: Vec<u8>,
+    file: std::fs::File,
+    /// Byte offset of the data section (8-byte length + JSON header).
+    data_start: u64,
+    metadata: Metadata,
 }
 
 impl TensorFile {
-    fn read(path: PathBuf) -> Result<TensorFile> {
-        let bytes = std::fs::read(&path).map_err(|source| FilesError::Io {
+    /// Opens `path`, parses its header and checks that it holds exactly the tensors `names`.
+    fn open(path: PathBuf, names: &[&'static str]) -> Result<TensorFile> {
+        let io = |source| FilesError::Io {
             path: path.clone(),
             source,
-        })?;
-        Ok(TensorFile { path, bytes })
-    }
-
-    /// Parses the file and checks that it holds exactly the tensors `names`.
-    fn tensors(&self, names: &[&'static str]) -> Result<SafeTensors<'_>> {
-        let st =
-            SafeTensors::deserialize(&self.bytes).map_err(|source| FilesError::Safetensors {
-                path: self.path.clone(),
-                source,
-            })?;
-        if let Some(extra) = st.names().into_iter().find(|n| !names.contains(n)) {
+        };
+        let invalid = |source| FilesError::Safetensors {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::File::open(&path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut len_bytes = [0u8; 8];
+        file.read_exact(&mut len_bytes)
+            .map_err(|_| invalid(SafeTensorError::HeaderTooSmall))?;
+        let header_len = u64::from_le_bytes(len_bytes);
+        if header_len > file_len - 8 {
+            return Err(invalid(SafeTensorError::InvalidHeaderLength));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header).map_err(io)?;
+        // Metadata's deserializer checks that the tensors tile the data section.
+        let metadata: Metadata = serde_json::from_slice(&header)
+            .map_err(|e| invalid(SafeTensorError::InvalidHeaderDeserialization(e)))?;
+        let data_start = 8 + header_len;
+        if data_start + metadata.data_len() as u64 != file_len {
+            return Err(invalid(SafeTensorError::MetadataIncompleteBuffer));
+        }
+        let tensors = metadata.tensors();
+        if let Some(extra) = tensors.keys().find(|n| !names.contains(&n.as_str())) {
             return Err(FilesError::Unexpected {
-                path: self.path.clone(),
-                tensor: extra.to_owned(),
+                path: path.clone(),
+                tensor: extra.clone(),
                 expected: names.join(", "),
             });
         }
-        Ok(st)
+        Ok(TensorFile {
+            path,
+            file,
+            data_start,
+            metadata,
+        })
     }
 
-    /// Tensor `name` with dtype `dtype` and shape `shape`; `tokens` = the `x` token count for
-    /// token-major tensors, so a wrong first dimension is reported as a token mismatch.
-    fn get<'a>(
+    /// The bytes of tensor `name`, which must have dtype `dtype` and shape `shape`; `tokens` is
+    /// the `x` token count for token-major tensors, so a wrong first dimension is reported as
+    /// a token mismatch.
+    fn read(
         &self,
-        st: &SafeTensors<'a>,
         name: &'static str,
         dtype: Dtype,
         shape: &[usize],
         tokens: Option<usize>,
-    ) -> Result<TensorView<'a>> {
-        let view = st.tensor(name).map_err(|_| FilesError::Missing {
-            path: self.path.clone(),
-            tensor: name,
-        })?;
-        if view.dtype() != dtype {
+    ) -> Result<Vec<u8>> {
+        let info = self.info(name)?;
+        if info.dtype != dtype {
             return Err(FilesError::Dtype {
                 path: self.path.clone(),
                 tensor: name,
                 expected: dtype,
-                got: view.dtype(),
+                got: info.dtype,
             });
         }
-        let got = view.shape();
-        let problem = match tokens {
+        let got = &info.shape;
+        match tokens {
             Some(t) if got.len() == shape.len() && got[0] != t && got[1..] == shape[1..] => {
-                Some(ProblemError::Tokens {
+                return Err(self.problem(ProblemError::Tokens {
                     tensor: name,
                     expected: t,
                     got: got[0],
-                })
+                }));
             }
-            _ if got != shape => Some(ProblemError::Shape {
-                tensor: name,
-                expected: shape.to_vec(),
-                got: got.to_vec(),
-            }),
-            _ => None,
-        };
-        match problem {
-            Some(source) => Err(FilesError::Problem {
+            _ if got != shape => {
+                let (expected, got) = (shape.to_vec(), got.clone());
+                return Err(self.problem(ProblemError::Shape {
+                    tensor: name,
+                    expected,
+                    got,
+                }));
+            }
+            _ => {}
+        }
+        let (begin, end) = info.data_offsets;
+        let mut data = vec![0u8; end - begin];
+        let mut file = &self.file;
+        file.seek(SeekFrom::Start(self.data_start + begin as u64))
+            .and_then(|_| file.read_exact(&mut data))
+            .map_err(|source| FilesError::Io {
                 path: self.path.clone(),
                 source,
-            }),
-            None => Ok(view),
-        }
+            })?;
+        Ok(data)
+    }
+
+    fn info(&self, name: &'static str) -> Result<&TensorInfo> {
+        self.metadata.info(name).ok_or_else(|| FilesError::Missing {
+            path: self.path.clone(),
+            tensor: name,
+        })
     }
 
     fn problem(&self, source: ProblemError) -> FilesError {
@@ -239,13 +274,10 @@ fn write_tensors(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>, &[u8])>) ->
 
 /// Reads and validates the weights of `rank`.
 pub fn read_weights(dir: &Path, config: &Config, rank: usize) -> Result<RankWeights> {
-    let file = TensorFile::read(weights_path(dir, rank))?;
     let shapes = problem::weight_shapes(config);
-    let st = file.tensors(&shapes.each_ref().map(|(n, _)| *n))?;
-    let [w1, w1_sf, w2, w2_sf] = shapes.map(|(name, shape)| {
-        file.get(&st, name, Dtype::U8, &shape, None)
-            .map(|v| v.data().to_vec())
-    });
+    let file = TensorFile::open(weights_path(dir, rank), &shapes.each_ref().map(|(n, _)| *n))?;
+    let [w1, w1_sf, w2, w2_sf] =
+        shapes.map(|(name, shape)| file.read(name, Dtype::U8, &shape, None));
     let weights = RankWeights {
         w1: w1?,
         w1_sf: w1_sf?,
@@ -279,26 +311,20 @@ const INPUT_DTYPES: [Dtype; 4] = [Dtype::F8_E4M3, Dtype::U8, Dtype::I64, Dtype::
 
 /// Reads and validates the inputs of `rank`; T comes from `x`.
 pub fn read_inputs(dir: &Path, config: &Config, rank: usize) -> Result<RankInputs> {
-    let file = TensorFile::read(inputs_path(dir, rank))?;
     let names = problem::input_shapes(config, 0).map(|(n, _)| n);
-    let st = file.tensors(&names)?;
-    let tokens = st
-        .tensor("x")
-        .ok()
-        .and_then(|v| v.shape().first().copied())
-        .unwrap_or(0);
+    let file = TensorFile::open(inputs_path(dir, rank), &names)?;
+    let tokens = file.info("x")?.shape.first().copied().unwrap_or(0);
     let shapes = problem::input_shapes(config, tokens);
-    let get = |i: usize| {
+    let read = |i: usize| {
         let (name, shape) = &shapes[i];
-        file.get(&st, name, INPUT_DTYPES[i], shape, (i > 0).then_some(tokens))
-            .map(|v| v.data())
+        file.read(name, INPUT_DTYPES[i], shape, (i > 0).then_some(tokens))
     };
     let inputs = RankInputs {
         tokens,
-        x: get(0)?.to_vec(),
-        x_sf: get(1)?.to_vec(),
-        topk_idx: bytemuck::pod_collect_to_vec(get(2)?),
-        topk_weights: bytemuck::pod_collect_to_vec(get(3)?),
+        x: read(0)?,
+        x_sf: read(1)?,
+        topk_idx: bytemuck::pod_collect_to_vec(&read(2)?),
+        topk_weights: bytemuck::pod_collect_to_vec(&read(3)?),
     };
     inputs.validate(config).map_err(|e| file.problem(e))?;
     Ok(inputs)
@@ -372,13 +398,8 @@ pub fn write_output(path: &Path, output: &Output) -> Result<()> {
 
 /// Reads a `y` file: one BF16 tensor `y` of two dimensions.
 pub fn read_output(path: &Path) -> Result<Output> {
-    let file = TensorFile::read(path.to_owned())?;
-    let st = file.tensors(&[OUTPUT])?;
-    let view = st.tensor(OUTPUT).map_err(|_| FilesError::Missing {
-        path: file.path.clone(),
-        tensor: OUTPUT,
-    })?;
-    let shape = view.shape().to_vec();
+    let file = TensorFile::open(path.to_owned(), &[OUTPUT])?;
+    let shape = file.info(OUTPUT)?.shape.clone();
     let [tokens, hidden] = shape[..] else {
         return Err(file.problem(ProblemError::Shape {
             tensor: OUTPUT,
@@ -386,10 +407,10 @@ pub fn read_output(path: &Path) -> Result<Output> {
             got: shape,
         }));
     };
-    let view = file.get(&st, OUTPUT, Dtype::BF16, &shape, None)?;
+    let data = file.read(OUTPUT, Dtype::BF16, &shape, None)?;
     Ok(Output {
         tokens,
         hidden,
-        y: bytemuck::pod_collect_to_vec(view.data()),
+        y: bytemuck::pod_collect_to_vec(&data),
     })
 }

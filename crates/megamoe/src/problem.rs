@@ -1,5 +1,5 @@
 //! The in-memory problem of DESIGN §1: per-rank quantized weights and inputs in the canonical
-//! layout, their unquantized f32 twins (what the generator quantized, for sanity checks), the
+//! layout, their f32 twins for sanity checks (dequantized weights, unquantized tokens), the
 //! canonical tensor shapes, and validation of contents with errors that name the tensor.
 
 use crate::config::Config;
@@ -222,9 +222,7 @@ impl RankWeights {
         check_fp4("w1", "w1_sf", &elems(&w1), &w1_sf, &self.w1, &self.w1_sf)?;
         check_fp4("w2", "w2_sf", &elems(&w2), &w2_sf, &self.w2, &self.w2_sf)
     }
-}
 
-impl RankWeights {
     /// The f32 values of the weights (exact: E2M1 times a power of two).
     pub fn dequantize(&self, config: &Config) -> DenseWeights {
         let deq = |packed: &[u8], sf: &[u8], k: usize| {

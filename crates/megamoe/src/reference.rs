@@ -4,7 +4,7 @@
 //! (token, expert) result does not depend on which rows share its call or on the rank split.
 //!
 //! Entry points: [`l1_rows`] / [`l2_rows`] (one layer on a list of rows of one rank, for GEMM
-//! tests), [`Forward`] / [`forward`] (the whole layer), [`forward_f32`] (the unquantized twin).
+//! tests), [`Forward`] / [`forward`] (the whole layer), [`forward_f32`] (the layer in f32, for sanity checks).
 
 use crate::config::Config;
 use crate::problem::{DenseInputs, DenseWeights, RankInputs, RankWeights};
