@@ -4,7 +4,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..] [--probe]`
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
@@ -101,6 +101,8 @@ fn main() {
     let tokens: Vec<usize> = list("--tokens", "8,128,512,2048,8192");
     let recipes: Vec<Recipe> = list("--recipes", "g128,mx32");
     let tiles = arg("--tiles").unwrap_or("auto".into());
+    // --probe: time the load pipeline alone (consumers skip the math; outputs are not written).
+    let probe = std::env::args().any(|a| a == "--probe");
     let gpu = Gpu::open(0).expect("the benchmark needs a CUDA GPU");
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
@@ -168,7 +170,11 @@ fn main() {
                 })
                 .collect();
             for bn in bns.into_iter().filter(|bn| TOKEN_TILES.contains(bn)) {
-                let core = GemmCore::new(&gpu, &jit, TilePlan::new(recipe, bn).unwrap()).unwrap();
+                let plan = TilePlan {
+                    probe,
+                    ..TilePlan::new(recipe, bn).unwrap()
+                };
+                let core = GemmCore::new(&gpu, &jit, plan).unwrap();
                 let mut times = Vec::new();
                 let mut bytes_total = 0usize;
                 for (layer, (pool, sf_stride, act, act_sf, offsets, counts, out)) in

@@ -1,5 +1,5 @@
 // sm90_moe_gemm.cu -- JIT entry point of the Hopper grouped GEMM; specialized with
-// -DMM_BN=<tokens per tile> -DMM_G128=<0|1>.
+// -DMM_BN=<tokens per tile> -DMM_G128=<0|1> (and -DMM_PROBE=1 for the benchmark's load-pipeline probe).
 #include "sm90_moe_gemm.cuh"
 
 struct __align__(64) TmaDescriptor {

@@ -378,7 +378,17 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     c.row_r = c.cw * 64 + (c.tid / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
     int e, nt, mb;
     for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+#if MM_PROBE
+      // Bandwidth probe: consume each stage untouched, so the time is the load pipeline's alone.
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbar_wait(&full[c.stage], c.phase);
+        c.held[0] = c.stage;
+        c.template release<0>();
+        if (++c.stage == L::kStages) { c.stage = 0; c.phase ^= 1; }
+      }
+#else
       c.mainloop(k_blocks);
+#endif
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
       const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;

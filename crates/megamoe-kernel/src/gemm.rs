@@ -40,6 +40,9 @@ pub struct TilePlan {
     pub tokens_per_tile: usize,
     pub stages: usize,
     pub stage_bytes: usize,
+    /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
+    /// (the output is not written).
+    pub probe: bool,
 }
 
 impl TilePlan {
@@ -59,6 +62,7 @@ impl TilePlan {
             tokens_per_tile,
             stages,
             stage_bytes,
+            probe: false,
         })
     }
 
@@ -71,8 +75,10 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         let mut spec = KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}",
-                self.recipe, self.tokens_per_tile
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}{}",
+                self.recipe,
+                self.tokens_per_tile,
+                if self.probe { "/probe" } else { "" }
             ),
             crate::GEMM_SOURCE,
         )
@@ -81,6 +87,7 @@ impl TilePlan {
         .define("MM_G128", u8::from(self.recipe == Recipe::G128))
         .define("MM_STAGES", self.stages)
         .define("MM_SMEM_BYTES", self.smem_bytes())
+        .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
         .no_spill();
         for header in crate::CUDA_HEADERS {
