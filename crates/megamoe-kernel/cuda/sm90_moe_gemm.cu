@@ -1,16 +1,17 @@
 // sm90_moe_gemm.cu -- JIT entry point of the Hopper grouped GEMM; specialized with
-// -DMM_BN=<tokens per tile> -DMM_G128=<0|1> (and -DMM_PROBE=1 for the benchmark's load-pipeline probe).
+// -DMM_BN=<tokens per tile> -DMM_G128=<0|1> -DMM_CTAS=<CTAs per SM, 1|2> (and -DMM_PROBE=1 for the
+// benchmark's load-pipeline probe).
 #include "sm90_moe_gemm.cuh"
 
 struct __align__(64) TmaDescriptor {
   unsigned long long opaque[16];
 };
 
-extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, 1)
+extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, MM_CTAS)
     mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ TmaDescriptor act_map) {
-  mm::gemm::moe_gemm<MM_BN, MM_G128 != 0>(params, &act_map);
+  mm::gemm::moe_gemm<MM_BN, MM_G128 != 0, MM_CTAS>(params, &act_map);
 }
 
 // The host computes the same shared-memory plan (megamoe-kernel/src/gemm.rs, `TilePlan`).
-static_assert(mm::gemm::Layout<MM_BN, MM_G128 != 0>::kStages == MM_STAGES, "host and device disagree on stages");
-static_assert(mm::gemm::Layout<MM_BN, MM_G128 != 0>::kSmemBytes == MM_SMEM_BYTES, "host and device disagree on smem");
+static_assert(mm::gemm::Layout<MM_BN, MM_G128 != 0, MM_CTAS>::kStages == MM_STAGES, "host and device disagree on stages");
+static_assert(mm::gemm::Layout<MM_BN, MM_G128 != 0, MM_CTAS>::kSmemBytes == MM_SMEM_BYTES, "host and device disagree on smem");

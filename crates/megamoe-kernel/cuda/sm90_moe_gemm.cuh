@@ -53,14 +53,19 @@ struct GemmParams {
   int sf_stride;             // g128: pool rows padded; >= max(offset + align(rows, BN))
 };
 
-template <int BN, bool kG128>
+// kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
+// of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
+template <int BN, bool kG128, int kCtas>
 struct Layout {
   static constexpr int kActBytes = BN * 128 * (kG128 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
   static constexpr int kSfBytes = kG128 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kStageBytes = ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + 1023) / 1024) * 1024;
-  static constexpr int kBudget = 225 * 1024;
+  static constexpr int kBudget = (kCtas == 1 ? 225 : 110) * 1024;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
-  static constexpr int kSmemBytes = 1024 /*alignment slack*/ + kStages * kStageBytes + 2 * kStages * 8;
+  // alignment slack, the stages, full/empty mbarriers, the 16-entry g128 fold table
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + 16 * 8;
+  static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
+  static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kG128 ? BN : 0);
 };
@@ -97,9 +102,12 @@ struct TileWalker {
 
 // ---------------------------------------------------------------- weight decode
 // g128: one sign-split word of row r (or r+8) -> E4M3 regs for k 4t.. (lo) and 16+4t.. (hi).
-__device__ __forceinline__ void decode_g128(uint2 w, u32 meta_r, u32 meta_r8, int j, u32* a) {
-  const fp::E4m3Table tr = fp::e4m3_table((int)((meta_r >> (4 * j)) & 0xf) - 8);
-  const fp::E4m3Table tr8 = fp::e4m3_table((int)((meta_r8 >> (4 * j)) & 0xf) - 8);
+// `fold_table[d + 8]` is fp::e4m3_table(d), built once per CTA in shared memory: one LDS.64
+// instead of a branchy computation per row and k32 step.
+__device__ __forceinline__ void decode_g128(uint2 w, u32 meta_r, u32 meta_r8, int j, const fp::E4m3Table* fold_table,
+                                            u32* a) {
+  const fp::E4m3Table tr = fold_table[(meta_r >> (4 * j)) & 0xf];
+  const fp::E4m3Table tr8 = fold_table[(meta_r8 >> (4 * j)) & 0xf];
   fp::e2m1x8_to_e4m3(w.x, tr, a[0], a[2]);
   fp::e2m1x8_to_e4m3(w.y, tr8, a[1], a[3]);
 }
@@ -134,9 +142,9 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 // stage s+1 and the promotion of chunk c-1 run on the CUDA cores while the tensor core works on
 // chunk c. A chunk is the WGMMA work of one stage on kNsub tokens; fragments of two stages live
 // in registers (parity P = stage index & 1), g128 temp accumulators alternate between two sets.
-template <int BN, bool kG128>
+template <int BN, bool kG128, int kCtas>
 struct Consumer {
-  using L = Layout<BN, kG128>;
+  using L = Layout<BN, kG128, kCtas>;
   // g128: 64-token chunks above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers).
   static constexpr int kNsub = kG128 ? (BN <= 64 ? BN : 64) : BN;
   static constexpr int kChunks = BN / kNsub;
@@ -145,6 +153,7 @@ struct Consumer {
   u8* smem;
   u64* full;
   u64* empty;
+  const fp::E4m3Table* fold_table;
   int cw, tid, lane, t, row_r;
   int stage = 0;   // next stage to wait for
   u32 phase = 0;
@@ -168,7 +177,7 @@ struct Consumer {
     const uint2* codes = stage_codes(stage) + cw * 128 + tid;
     if constexpr (kG128) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, &a[P][4 * j]);
+      for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
       base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
       base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
     } else {
@@ -311,13 +320,14 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kG128>
+template <int BN, bool kG128, int kCtas>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
-  using L = Layout<BN, kG128>;
+  using L = Layout<BN, kG128, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = (u8*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
   u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
   u64* empty = full + L::kStages;
+  fp::E4m3Table* fold_table = (fp::E4m3Table*)(empty + L::kStages);
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;
@@ -330,6 +340,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     }
     fence_barrier_init();
   }
+  if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
   __syncthreads();
 
   TileWalker walker;
@@ -337,7 +348,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
 
   if (wg == 0) {
     // ============================ producer ============================
-    setmaxnreg_dec<56>();
+    setmaxnreg_dec<L::kProducerRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensormap(act_map);
       int stage = 0;
@@ -366,11 +377,12 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     }
   } else {
     // ============================ consumers ============================
-    setmaxnreg_inc<224>();
-    Consumer<BN, kG128> c;
+    setmaxnreg_inc<L::kConsumerRegs>();
+    Consumer<BN, kG128, kCtas> c;
     c.smem = smem;
     c.full = full;
     c.empty = empty;
+    c.fold_table = fold_table;
     c.cw = wg - 1;  // which 64 rows of the tile
     c.tid = threadIdx.x % 128;
     c.lane = c.tid % 32;

@@ -13,8 +13,13 @@ use crate::transform::{BLOCK_K, CODE_BYTES, GemmWeights, TILE_ROWS};
 pub const TOKEN_TILES: [usize; 4] = [16, 32, 64, 128];
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
-/// Dynamic shared memory the pipeline may fill (the rest of the 227 KiB is slack and barriers).
-const SMEM_BUDGET: usize = 225 * 1024;
+/// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
+const SMEM_BUDGET: [usize; 2] = [225 * 1024, 110 * 1024];
+/// Specializations that run two CTAs per SM: small token tiles are bound by the latency of the FP4
+/// decode, which twice the warps hide (2026-11-30 probe: the loads alone reach the HBM rate). Two
+/// CTAs leave 96 registers per consumer thread, which only g128 with 16-token tiles fits without
+/// spilling (mx32 keeps two stages of BF16 fragments, 64 registers, in flight).
+const TWO_CTAS: [(Recipe, usize); 1] = [(Recipe::G128, 16)];
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
 
@@ -40,6 +45,8 @@ pub struct TilePlan {
     pub tokens_per_tile: usize,
     pub stages: usize,
     pub stage_bytes: usize,
+    /// CTAs per SM (1 or 2); the grid is that many per SM.
+    pub ctas_per_sm: usize,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -56,19 +63,26 @@ impl TilePlan {
             Recipe::Mx32 => (bn * 128 * 2, 0),
         };
         let stage_bytes = (act + CODE_BYTES + 4 * TILE_ROWS + sf).next_multiple_of(1024);
-        let stages = (SMEM_BUDGET / stage_bytes).min(MAX_STAGES);
+        let ctas_per_sm = if TWO_CTAS.contains(&(recipe, tokens_per_tile)) {
+            2
+        } else {
+            1
+        };
+        let stages = (SMEM_BUDGET[ctas_per_sm - 1] / stage_bytes).min(MAX_STAGES);
         Ok(Self {
             recipe,
             tokens_per_tile,
             stages,
             stage_bytes,
+            ctas_per_sm,
             probe: false,
         })
     }
 
-    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, two mbarriers a stage.
+    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, two mbarriers a
+    /// stage, the 16-entry g128 fold table.
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.stages * self.stage_bytes + 16 * self.stages
+        1024 + self.stages * self.stage_bytes + 16 * self.stages + 128
     }
 
     /// The JIT specialization.
@@ -87,6 +101,7 @@ impl TilePlan {
         .define("MM_G128", u8::from(self.recipe == Recipe::G128))
         .define("MM_STAGES", self.stages)
         .define("MM_SMEM_BYTES", self.smem_bytes())
+        .define("MM_CTAS", self.ctas_per_sm)
         .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
         .no_spill();
@@ -247,7 +262,7 @@ impl GemmCore {
             k: weights.k as i32,
             sf_stride: pool.sf_stride as i32,
         };
-        let config = LaunchConfig::linear(self.sm_count, THREADS)
+        let config = LaunchConfig::linear(self.sm_count * self.plan.ctas_per_sm as u32, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32);
         // SAFETY: `check` proved every buffer covers what the kernel reads and writes for this pool.
         unsafe {
