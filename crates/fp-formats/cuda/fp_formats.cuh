@@ -121,7 +121,7 @@ __device__ __forceinline__ u8 requantize_group(const float* h, u8* q) {
 // table and the signs land on bit 7 of each byte with one mask.
 
 // The 8-entry magnitude table for offset d: bytes of E4M3(v * 2^d) for v = 0 .5 1 1.5 | 2 3 4 6.
-struct E4m3Table { u32 lo, hi; };
+struct __align__(8) E4m3Table { u32 lo, hi; };
 
 __device__ __forceinline__ E4m3Table e4m3_table(int d) {
   // For d >= -5 every nonzero entry stays normal: add d to the exponent field of the d = 0 table.

@@ -60,10 +60,12 @@ struct Layout {
   static constexpr int kActBytes = BN * 128 * (kG128 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
   static constexpr int kSfBytes = kG128 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kStageBytes = ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + 1023) / 1024) * 1024;
-  static constexpr int kBudget = (kCtas == 1 ? 225 : 110) * 1024;
+  static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
-  // alignment slack, the stages, full/empty mbarriers, the 16-entry g128 fold table
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + 16 * 8;
+  // alignment slack, the stages, full/empty mbarriers, the decode tables (g128: 16 x 8 B fold
+  // tables; mx32: 256 x 16 B BF16 byte tables, one per scale byte)
+  static constexpr int kTableBytes = 4096;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
@@ -113,7 +115,7 @@ __device__ __forceinline__ void decode_g128(uint2 w, u32 meta_r, u32 meta_r8, in
 }
 
 // mx32: byte tables (low and high bytes of the BF16 bits of each E2M1 magnitude times 2^s).
-struct Bf16Table { u32 lo0, lo1, hi0, hi1; };
+struct __align__(16) Bf16Table { u32 lo0, lo1, hi0, hi1; };
 
 __device__ __forceinline__ Bf16Table bf16_table(u32 scale_byte) {
   const u32 s7 = (u32)(((int)scale_byte - 127) * 128) * 0x00010001u;  // s << 7 in both halves
@@ -153,7 +155,8 @@ struct Consumer {
   u8* smem;
   u64* full;
   u64* empty;
-  const fp::E4m3Table* fold_table;
+  const fp::E4m3Table* fold_table;  // g128
+  const Bf16Table* bf16_tables;      // mx32
   int cw, tid, lane, t, row_r;
   int stage = 0;   // next stage to wait for
   u32 phase = 0;
@@ -184,8 +187,8 @@ struct Consumer {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint2 w = codes[j * 256];
-        const Bf16Table tr = bf16_table((meta_r >> (8 * j)) & 0xff);
-        const Bf16Table tr8 = bf16_table((meta_r8 >> (8 * j)) & 0xff);
+        const Bf16Table tr = bf16_tables[(meta_r >> (8 * j)) & 0xff];
+        const Bf16Table tr8 = bf16_tables[(meta_r8 >> (8 * j)) & 0xff];
         u32* q0 = &a[P][8 * j];  // k16 step 2j; k16 step 2j+1 at +4
         decode_mx32_word(w.x, tr, q0[0], q0[2], q0[4], q0[6]);
         decode_mx32_word(w.y, tr8, q0[1], q0[3], q0[5], q0[7]);
@@ -327,7 +330,10 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   u8* smem = (u8*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
   u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
   u64* empty = full + L::kStages;
+  // Decode tables, built once per CTA: one shared-memory load per row and k32 step instead of
+  // a computation on the consumers' critical path.
   fp::E4m3Table* fold_table = (fp::E4m3Table*)(empty + L::kStages);
+  Bf16Table* bf16_tables = (Bf16Table*)(empty + L::kStages);
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;
@@ -340,7 +346,12 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     }
     fence_barrier_init();
   }
-  if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
+  if constexpr (kG128) {
+    if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
+  } else {
+    // Scale bytes outside [2, 252] are refused by the transform; their entries are never read.
+    if (threadIdx.x < 256) bf16_tables[threadIdx.x] = bf16_table(threadIdx.x);
+  }
   __syncthreads();
 
   TileWalker walker;
@@ -383,6 +394,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     c.full = full;
     c.empty = empty;
     c.fold_table = fold_table;
+    c.bf16_tables = bf16_tables;
     c.cw = wg - 1;  // which 64 rows of the tile
     c.tid = threadIdx.x % 128;
     c.lane = c.tid % 32;

@@ -14,7 +14,7 @@ pub const TOKEN_TILES: [usize; 4] = [16, 32, 64, 128];
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
-const SMEM_BUDGET: [usize; 2] = [225 * 1024, 110 * 1024];
+const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
 /// Specializations that run two CTAs per SM: small token tiles are bound by the latency of the FP4
 /// decode, which twice the warps hide (2026-11-30 probe: the loads alone reach the HBM rate). Two
 /// CTAs leave 96 registers per consumer thread, which only g128 with 16-token tiles fits without
@@ -80,9 +80,9 @@ impl TilePlan {
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, two mbarriers a
-    /// stage, the 16-entry g128 fold table.
+    /// stage, 4 KiB of decode tables.
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.stages * self.stage_bytes + 16 * self.stages + 128
+        1024 + self.stages * self.stage_bytes + 16 * self.stages + 4096
     }
 
     /// The JIT specialization.
