@@ -7,6 +7,7 @@
 //! | `test-gpu` | on a machine with a GPU: `cargo test --workspace -- --ignored` |
 //! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with a `run.sh` for a GPU machine without Rust |
 //! | `ci` | the CI entry point: `setup-cuda`, `cargo test --workspace`, `kernels` |
+//! | `demo` | the main job: generate a problem, run it on the CPU backend, check it against `scripts/check_reference.py`; with a GPU, also the grouped-GEMM benchmark |
 
 mod bundle;
 mod kernels;
@@ -42,6 +43,22 @@ enum Cmd {
     GpuBundle,
     /// Toolchain, `cargo test --workspace`, then `kernels`: what CI runs.
     Ci,
+    /// The main job: `megamoe gen` a problem (default: the tiny preset on 2 ranks), `megamoe run` it
+    /// on the CPU backend and check it with the independent Python implementation of the contract;
+    /// on a machine with a GPU, also the grouped-GEMM benchmark.
+    Demo {
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        #[arg(long, default_value_t = 2)]
+        ranks: usize,
+        #[arg(long, default_value_t = 64)]
+        tokens: usize,
+        #[arg(long, default_value = "mx32")]
+        recipe: String,
+        /// Where the problem directory goes.
+        #[arg(long, default_value = "target/demo")]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -57,12 +74,89 @@ fn main() -> Result<()> {
         Cmd::Kernels(args) => kernels::run(&args),
         Cmd::TestGpu { test_args } => test_gpu(&root, &test_args),
         Cmd::GpuBundle => bundle::build(&root),
+        Cmd::Demo {
+            preset,
+            ranks,
+            tokens,
+            recipe,
+            dir,
+        } => demo(&root, &preset, ranks, tokens, &recipe, &dir),
         Cmd::Ci => {
             let env = toolchain::ensure(&root)?;
             run(cargo(&root).args(["test", "--workspace"]).envs(env))?;
             kernels::run(&kernels::Args::default())
         }
     }
+}
+
+fn demo(
+    root: &Path,
+    preset: &str,
+    ranks: usize,
+    tokens: usize,
+    recipe: &str,
+    dir: &Path,
+) -> Result<()> {
+    let dir = root.join(dir);
+    let megamoe = |args: &[&str]| -> Result<()> {
+        run(cargo(root)
+            .args(["run", "--quiet", "--release", "--package", "megamoe", "--"])
+            .args(args))
+    };
+    let dir_str = dir.to_string_lossy().into_owned();
+    let (ranks, tokens) = (ranks.to_string(), tokens.to_string());
+    megamoe(&[
+        "gen",
+        &dir_str,
+        "--preset",
+        preset,
+        "--ranks",
+        &ranks,
+        "--tokens",
+        &tokens,
+        "--recipe",
+        recipe,
+        "--mask-fraction",
+        "0.1",
+    ])?;
+    megamoe(&["run", &dir_str, "--backend", "cpu"])?;
+    // An independent implementation of the contract (numpy + ml_dtypes) must agree.
+    let python = python_env(root)?;
+    run(Command::new(python)
+        .arg(root.join("scripts/check_reference.py"))
+        .arg(&dir)
+        .args(["--tol", "1e-5"]))?;
+    match cuda_rt::Gpu::list() {
+        Ok(gpus) => {
+            eprintln!("{} GPU(s): running the grouped-GEMM benchmark", gpus.len());
+            let env = toolchain::ensure(root)?;
+            run(cargo(root)
+                .args(["bench", "--package", "megamoe-kernel", "--bench", "gemm"])
+                .envs(env))
+        }
+        Err(e) => {
+            eprintln!("no GPU here ({e}): the CPU backend ran; the GPU path needs a CUDA GPU");
+            Ok(())
+        }
+    }
+}
+
+/// A Python with numpy and ml_dtypes for the independent checks: `.venv-py/` in the checkout,
+/// created on first use.
+fn python_env(root: &Path) -> Result<PathBuf> {
+    let venv = root.join(".venv-py");
+    let python = venv.join("bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import numpy, ml_dtypes"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        eprintln!("installing numpy and ml_dtypes into {}", venv.display());
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "numpy", "ml_dtypes"]))?;
+    }
+    Ok(python)
 }
 
 fn test_gpu(root: &Path, test_args: &[String]) -> Result<()> {

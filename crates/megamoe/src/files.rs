@@ -1,4 +1,4 @@
-//! Problem directories on disk (layout in `crates/megamoe/FORMAT.md`): `config.json`, per rank
+//! Problem directories on disk (layout in the README, "Problem directory format"): `config.json`, per rank
 //! `weights.rank{r}.safetensors` and `inputs.rank{r}.safetensors`, and the outputs
 //! `y.rank{r}.safetensors`. Reading checks dtypes, shapes, rank counts and contents, and every
 //! error names the file and tensor.

@@ -6,7 +6,7 @@ use crate::config::Config;
 use fp_formats::quant::WEIGHT_BLOCK;
 use fp_formats::{e2m1, e4m3, pack, ue8m0};
 
-/// One rank's expert weights, canonical layout (see FORMAT.md).
+/// One rank's expert weights, canonical layout (see the README, "Problem directory format").
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankWeights {
     /// `[E_l, 2I, H/2]` packed E2M1; rows 0..I gate, I..2I up.
