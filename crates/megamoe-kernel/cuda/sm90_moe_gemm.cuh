@@ -327,7 +327,9 @@ template <int BN, bool kG128, int kCtas>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kG128, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
-  u8* smem = (u8*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
+  // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
+  // address space, and every shared-memory read would become a generic LD.
+  u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
   u64* empty = full + L::kStages;
   // Decode tables, built once per CTA: one shared-memory load per row and k32 step instead of
