@@ -4,7 +4,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..] [--probe]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..] [--ctas 1|2] [--probe]`
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
@@ -103,6 +103,8 @@ fn main() {
     let tiles = arg("--tiles").unwrap_or("auto".into());
     // --probe: time the load pipeline alone (consumers skip the math; outputs are not written).
     let probe = std::env::args().any(|a| a == "--probe");
+    // --ctas 1|2: CTAs per SM for every tile (default: the plan's choice).
+    let ctas: Option<usize> = arg("--ctas").map(|c| c.parse().expect("--ctas 1|2"));
     let gpu = Gpu::open(0).expect("the benchmark needs a CUDA GPU");
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
@@ -113,10 +115,10 @@ fn main() {
         hbm / 1e9
     );
     println!(
-        "{:<5} {:>5} {:>4} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "{:<5} {:>5} {:>6} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
         "recipe",
         "T",
-        "bn",
+        "bn/c",
         "hit",
         "L1 us",
         "L1 TF",
@@ -170,10 +172,13 @@ fn main() {
                 })
                 .collect();
             for bn in bns.into_iter().filter(|bn| TOKEN_TILES.contains(bn)) {
-                let plan = TilePlan {
+                let mut plan = TilePlan {
                     probe,
                     ..TilePlan::new(recipe, bn).unwrap()
                 };
+                if let Some(ctas) = ctas {
+                    plan = plan.with_ctas_per_sm(ctas);
+                }
                 let core = GemmCore::new(&gpu, &jit, plan).unwrap();
                 let mut times = Vec::new();
                 let mut bytes_total = 0usize;
@@ -204,10 +209,10 @@ fn main() {
                 let (t1, t2) = (times[0] as f64 * 1e-3, times[1] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
-                    "{:<5} {:>5} {:>4} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    "{:<5} {:>5} {:>6} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
                     recipe.name(),
                     t,
-                    bn,
+                    format!("{bn}/{}", core.plan.ctas_per_sm),
                     hit,
                     t1 * 1e6,
                     f1 / t1 / 1e12,

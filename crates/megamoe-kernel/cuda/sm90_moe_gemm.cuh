@@ -147,10 +147,13 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 template <int BN, bool kG128, int kCtas>
 struct Consumer {
   using L = Layout<BN, kG128, kCtas>;
-  // g128: 64-token chunks above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers).
-  static constexpr int kNsub = kG128 ? (BN <= 64 ? BN : 64) : BN;
+  // g128 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
+  // 16 with two CTAs per SM (96 registers).
+  static constexpr int kNsub = !kG128 ? BN : kCtas == 2 ? 16 : (BN <= 64 ? BN : 64);
   static constexpr int kChunks = BN / kNsub;
-  static constexpr int kAregs = kG128 ? 16 : 32;  // FP8: 4 k32 steps x 4; BF16: 8 k16 steps x 4
+  // Fragments per parity. g128: a whole stage (4 k32 steps x 4). mx32: half a stage (4 k16 steps
+  // x 4); its two halves alternate between the parities.
+  static constexpr int kAregs = 16;
 
   u8* smem;
   u64* full;
@@ -163,6 +166,7 @@ struct Consumer {
   int held[2];     // ring stage whose fragments are in parity P
   u32 a[2][kAregs];
   float base[2][2];  // g128: weight base of rows r, r+8 per parity
+  u32 meta_r, meta_r8;  // mx32: scale bytes of the current stage's rows r, r+8
   float tmp[2][kNsub / 2];
   float acc[BN / 2];
 
@@ -178,23 +182,47 @@ struct Consumer {
     held[P] = stage;
     const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
     const uint2* codes = stage_codes(stage) + cw * 128 + tid;
-    if constexpr (kG128) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
-      base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
-      base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint2 w = codes[j * 256];
-        const Bf16Table tr = bf16_tables[(meta_r >> (8 * j)) & 0xff];
-        const Bf16Table tr8 = bf16_tables[(meta_r8 >> (8 * j)) & 0xff];
-        u32* q0 = &a[P][8 * j];  // k16 step 2j; k16 step 2j+1 at +4
-        decode_mx32_word(w.x, tr, q0[0], q0[2], q0[4], q0[6]);
-        decode_mx32_word(w.y, tr8, q0[1], q0[3], q0[5], q0[7]);
-      }
-    }
+    for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
+    base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
+    base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+  }
+
+  // mx32: waits for the next stage; it becomes the current one (held[1] keeps the previous).
+  __device__ __forceinline__ void mx32_wait_stage() {
+    mbar_wait(&full[stage], phase);
+    held[1] = held[0];
+    held[0] = stage;
+    meta_r = stage_meta(stage)[row_r];
+    meta_r8 = stage_meta(stage)[row_r + 8];
+    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+  }
+
+  // mx32: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H.
+  template <int H>
+  __device__ __forceinline__ void mx32_decode_half() {
+    const uint2* codes = stage_codes(held[0]) + cw * 128 + tid;
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = 2 * H + jj;
+      const uint2 w = codes[j * 256];
+      const Bf16Table tr = bf16_tables[(meta_r >> (8 * j)) & 0xff];
+      const Bf16Table tr8 = bf16_tables[(meta_r8 >> (8 * j)) & 0xff];
+      u32* q0 = &a[H][8 * jj];  // k16 step 2jj of the half; step 2jj+1 at +4
+      decode_mx32_word(w.x, tr, q0[0], q0[2], q0[4], q0[6]);
+      decode_mx32_word(w.y, tr8, q0[1], q0[3], q0[5], q0[7]);
+    }
+  }
+
+  // mx32: the wgmmas of half H of the current stage (one 64-K box), accumulated into acc.
+  template <int H>
+  __device__ __forceinline__ void mx32_issue_half() {
+    wg_fence();
+    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[0]))) + H * (BN * 128 / 16);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) mma_bf16_rs<BN>(acc, &a[H][4 * q], desc + 2 * q, 1);  // 32 B per k16
+    wg_commit();
   }
 
   // This warp is done with the stage of parity P (its wgmmas completed, its reads issued).
@@ -266,20 +294,6 @@ struct Consumer {
     release<P>();
   }
 
-  // mx32: the stage held in parity P, accumulated straight into acc; the previous stage is
-  // released once its wgmmas are done (wgmma groups complete in order).
-  template <int P>
-  __device__ __forceinline__ void mx32_stage(bool first) {
-    wg_fence();
-    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[P])));
-#pragma unroll
-    for (int q = 0; q < 8; ++q)  // box q / 4 (64 K each), 32 B per k16 inside the 128-B row
-      mma_bf16_rs<BN>(acc, &a[P][4 * q], desc + (q / 4) * (BN * 128 / 16) + 2 * (q % 4), 1);
-    wg_commit();
-    wg_wait<1>();  // unconditional: ptxas must see which fragments are free (a no-op on the first stage)
-    if (!first) release<P ^ 1>();
-  }
-
   // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block). Stages go in
   // trips of two (parity 0, 1); g128 drains its pipeline at the end of every trip, because ptxas
   // serializes all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
@@ -289,33 +303,39 @@ struct Consumer {
       acc[i] = 0.0f;
       fence_operand(acc[i]);
     }
-    load_stage<0>();
-    int kb = 0;
-    for (; kb + 1 < k_blocks; kb += 2) {
-      if constexpr (kG128) {
+    if constexpr (kG128) {
+      load_stage<0>();
+      int kb = 0;
+      for (; kb + 1 < k_blocks; kb += 2) {
         g128_stage<0>();
         load_stage<1>();
         g128_stage<1>();
         if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
         g128_drain<1>();
-      } else {
-        mx32_stage<0>(kb == 0);
-        load_stage<1>();
-        mx32_stage<1>(false);
-        if (kb + 2 < k_blocks) load_stage<0>();
       }
-    }
-    if (kb < k_blocks) {  // an odd last stage, in parity 0
-      if constexpr (kG128) {
+      if (kb < k_blocks) {  // an odd last stage, in parity 0
         g128_stage<0>();
         g128_drain<0>();
-      } else {
-        mx32_stage<0>(kb == 0);
       }
-    }
-    wg_wait<0>();
-    if constexpr (!kG128) {  // the last stage's wgmmas are done now
-      if (k_blocks & 1) release<0>(); else release<1>();
+    } else {
+      // Half-stage chunks: decode one half while the tensor core runs the other. Every wait is
+      // unconditional so ptxas can see which fragment set is free.
+      mx32_wait_stage();
+      mx32_decode_half<0>();
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mx32_issue_half<0>();
+        wg_wait<1>();  // the previous stage's second half is done
+        if (kb > 0) release<1>();
+        mx32_decode_half<1>();
+        mx32_issue_half<1>();
+        wg_wait<1>();  // this stage's first half is done: parity 0 is free
+        if (kb + 1 < k_blocks) {
+          mx32_wait_stage();
+          mx32_decode_half<0>();
+        }
+      }
+      wg_wait<0>();
+      release<0>();
     }
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);

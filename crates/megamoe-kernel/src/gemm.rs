@@ -15,11 +15,17 @@ pub const TOKEN_TILES: [usize; 4] = [16, 32, 64, 128];
 const THREADS: u32 = 384;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
 const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
-/// Specializations that run two CTAs per SM: small token tiles are bound by the latency of the FP4
-/// decode, which twice the warps hide (2026-11-30 probe: the loads alone reach the HBM rate). Two
-/// CTAs leave 96 registers per consumer thread, which only g128 with 16-token tiles fits without
-/// spilling (mx32 keeps two stages of BF16 fragments, 64 registers, in flight).
-const TWO_CTAS: [(Recipe, usize); 1] = [(Recipe::G128, 16)];
+/// Specializations that run two CTAs per SM: small token tiles are bound by the issue rate of the
+/// FP4 decode with only two consumer warps per scheduler, and twice the warps hide its latency
+/// (2026-11-30: ncu, 0.9 eligible warps per scheduler; the loads alone reach the HBM rate). Two
+/// CTAs leave 96 registers per consumer thread; these fit without spilling.
+const TWO_CTAS: [(Recipe, usize); 5] = [
+    (Recipe::G128, 16),
+    (Recipe::G128, 32),
+    (Recipe::G128, 64),
+    (Recipe::Mx32, 16),
+    (Recipe::Mx32, 32),
+];
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
 
@@ -89,9 +95,10 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         let mut spec = KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}",
                 self.recipe,
                 self.tokens_per_tile,
+                self.ctas_per_sm,
                 if self.probe { "/probe" } else { "" }
             ),
             crate::GEMM_SOURCE,
