@@ -74,15 +74,27 @@ impl TilePlan {
         } else {
             1
         };
-        let stages = (SMEM_BUDGET[ctas_per_sm - 1] / stage_bytes).min(MAX_STAGES);
-        Ok(Self {
+        let plan = Self {
             recipe,
             tokens_per_tile,
-            stages,
+            stages: 0,
             stage_bytes,
-            ctas_per_sm,
+            ctas_per_sm: 0,
             probe: false,
-        })
+        };
+        Ok(plan.with_ctas_per_sm(ctas_per_sm))
+    }
+
+    /// The same tile with `ctas_per_sm` (1 or 2) CTAs per SM and the stages that fit them; for
+    /// benchmarks that compare the two.
+    pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
+        assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
+        let stages = (SMEM_BUDGET[ctas_per_sm - 1] / self.stage_bytes).min(MAX_STAGES);
+        Self {
+            stages,
+            ctas_per_sm,
+            ..self
+        }
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, two mbarriers a
