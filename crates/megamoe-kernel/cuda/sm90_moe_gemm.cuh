@@ -263,27 +263,21 @@ struct Consumer {
     }
   }
 
-  // g128: the chunks of the stage held in parity P. Temp sets alternate chunk by chunk within a
-  // trip (B = (P * kChunks + h) & 1); each chunk's predecessor is promoted while it runs.
-  template <int P>
+  // g128: chunk H of the stage held in parity P, then the rest. Temp sets alternate chunk by chunk
+  // within a trip (B = (P * kChunks + H) & 1); each chunk's predecessor is promoted while it runs.
+  template <int P, int H = 0>
   __device__ __forceinline__ void g128_stage() {
-#pragma unroll
-    for (int h = 0; h < kChunks; ++h) {
-      if (h == 0) {
-        constexpr int B = (P * kChunks) & 1;
-        issue_g128<P, B>(0);
-        if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
-          wg_wait<1>();
-          promote<0, B ^ 1>(kChunks - 1);
-          release<0>();
-        }
-      } else {
-        constexpr int B = (P * kChunks + 1) & 1;
-        issue_g128<P, B>(1);
-        wg_wait<1>();
-        promote<P, B ^ 1>(0);
-      }
+    constexpr int B = (P * kChunks + H) & 1;
+    issue_g128<P, B>(H);
+    if constexpr (H > 0) {
+      wg_wait<1>();
+      promote<P, B ^ 1>(H - 1);
+    } else if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
+      wg_wait<1>();
+      promote<0, B ^ 1>(kChunks - 1);
+      release<0>();
     }
+    if constexpr (H + 1 < kChunks) g128_stage<P, H + 1>();
   }
   // g128, end of a trip: wait for everything, promote the last chunk, release the stage.
   template <int P>

@@ -19,10 +19,9 @@ const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
 /// FP4 decode with only two consumer warps per scheduler, and twice the warps hide its latency
 /// (2026-11-30: ncu, 0.9 eligible warps per scheduler; the loads alone reach the HBM rate). Two
 /// CTAs leave 96 registers per consumer thread; these fit without spilling.
-const TWO_CTAS: [(Recipe, usize); 5] = [
+const TWO_CTAS: [(Recipe, usize); 4] = [
     (Recipe::G128, 16),
     (Recipe::G128, 32),
-    (Recipe::G128, 64),
     (Recipe::Mx32, 16),
     (Recipe::Mx32, 32),
 ];
