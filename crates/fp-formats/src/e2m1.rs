@@ -1,7 +1,7 @@
 //! FP4 E2M1 (OCP MX): sign, 2 exponent bits (bias 1), 1 mantissa bit; the values
 //! 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. No NaN or infinity; encoding saturates.
 
-use crate::{TieMode, round_to_grid};
+use crate::TieMode;
 
 /// Largest finite magnitude.
 pub const MAX: f32 = 6.0;
@@ -22,20 +22,22 @@ pub fn encode(x: f32) -> u8 {
     encode_with(x, TieMode::NearestEven)
 }
 
-/// Encodes with the given tie rule (see [`TieMode`]).
+/// Encodes with the given tie rule (see [`TieMode`]). Each threshold is the midpoint between two
+/// neighbouring codes; under round-to-nearest-even a tie goes up exactly where the upper code is
+/// even (`>=`), under `TowardZero` never (`>`).
 #[inline]
 pub fn encode_with(x: f32, tie: TieMode) -> u8 {
     debug_assert!(!x.is_nan(), "E2M1 has no NaN");
     let sign = if x.is_sign_negative() { 0x8 } else { 0 };
-    let mag = x.abs();
-    if mag >= MAX {
-        return sign | 0x7;
-    }
-    let q = round_to_grid(mag, 1, 0, tie).min(MAX);
-    let code = VALUES
-        .iter()
-        .position(|&v| v == q)
-        .expect("rounded onto the E2M1 grid") as u8;
+    let a = x.abs();
+    let even_up = tie == TieMode::NearestEven;
+    let code = u8::from(a > 0.25)
+        + u8::from(a > 0.75 || (even_up && a == 0.75))
+        + u8::from(a > 1.25)
+        + u8::from(a > 1.75 || (even_up && a == 1.75))
+        + u8::from(a > 2.5)
+        + u8::from(a > 3.5 || (even_up && a == 3.5))
+        + u8::from(a > 5.0);
     // DeepGEMM's helper drops the sign of a zero code; keep it under its tie mode only.
     if code == 0 && tie == TieMode::TowardZero {
         0

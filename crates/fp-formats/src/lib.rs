@@ -49,8 +49,11 @@ pub(crate) fn round_to_grid(x: f32, mantissa_bits: i32, min_exp: i32, tie: TieMo
     let quantum_exp = exp.max(min_exp) - mantissa_bits;
     // Scaling by powers of two is exact here: the scaled value sits below 2^(mantissa_bits+1).
     let scaled = x * pow2(-quantum_exp);
+    // Adding and removing 2^23 rounds to an integer with the FPU's ties-to-even (0 <= scaled < 2^23);
+    // `round_ties_even` would be a libm call on baseline x86-64.
+    const MAGIC: f32 = 8_388_608.0;
     let rounded = match tie {
-        TieMode::NearestEven => scaled.round_ties_even(),
+        TieMode::NearestEven => (scaled + MAGIC) - MAGIC,
         TieMode::TowardZero => {
             let floor = scaled.floor();
             if scaled - floor > 0.5 {
