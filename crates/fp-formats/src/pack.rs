@@ -4,7 +4,7 @@
 /// Packs E2M1 codes (one per byte, low nibble used) two per byte. `codes.len()` must be even.
 pub fn pack_e2m1(codes: &[u8]) -> Vec<u8> {
     assert!(
-        codes.len() % 2 == 0,
+        codes.len().is_multiple_of(2),
         "E2M1 packing needs an even count, got {}",
         codes.len()
     );

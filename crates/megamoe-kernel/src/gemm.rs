@@ -378,7 +378,8 @@ impl GemmCore {
                     "g128 needs per-128 activation scales".into(),
                 );
             };
-            if pool.sf_stride % 16 != 0 || sf.len() < pool.sf_stride * weights.k / BLOCK_K {
+            if !pool.sf_stride.is_multiple_of(16) || sf.len() < pool.sf_stride * weights.k / BLOCK_K
+            {
                 return bad(
                     "activation scales",
                     format!(

@@ -77,8 +77,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
 
     let mut owned = vec![false; pool.rows];
     let (mut got, mut want, mut differ) = (Vec::new(), Vec::new(), 0);
-    for e in 0..experts {
-        let (off, rows) = (pool.expert_offset[e] as usize, expert_rows[e]);
+    for (e, &rows) in expert_rows.iter().enumerate() {
+        let off = pool.expert_offset[e] as usize;
         owned[off..off + rows].iter_mut().for_each(|o| *o = true);
         for row in off..off + rows {
             let line = &out[row * n..][..n];
