@@ -5,6 +5,10 @@
 //!
 //! Entry points: [`l1_rows`] / [`l2_rows`] (one layer on a list of rows of one rank, for GEMM
 //! tests), [`Forward`] / [`forward`] (the whole layer), [`forward_f32`] (the layer in f32, for sanity checks).
+//!
+//! The per-block pieces ([`l1_acc`], [`l1_epilogue_row`], [`l2_acc`], [`combine_token`]) are
+//! the ONE implementation of the per-row math: the CPU dataflow engine ([`crate::dataflow`])
+//! calls them on its pool blocks, which is why its results are bitwise equal to [`forward`].
 
 use crate::config::Config;
 use crate::problem::{DenseInputs, DenseWeights, RankInputs, RankWeights};
@@ -12,6 +16,7 @@ use fp_formats::quant::WEIGHT_BLOCK;
 use fp_formats::{bf16, bf16_rn, e2m1, quant, ue8m0};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
+use std::ops::Range;
 
 #[derive(Clone, Debug, thiserror::Error, PartialEq)]
 pub enum ReferenceError {
@@ -49,6 +54,14 @@ const TILE_M: usize = 2;
 /// f64 lanes per accumulator (the sum order is implementation-defined, DESIGN §1).
 const LANES: usize = 4;
 
+/// Where a GEMM runs: spread over rayon's pool (the reference's whole-layer calls), or on the
+/// calling thread (a dataflow worker, already one of many threads, computing one block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exec {
+    Rayon,
+    Here,
+}
+
 /// `acc[n][i] = f32(Σ_k a[i][k]·b[n][k])`, the sum in f64 and rounded once. `a` holds rows of
 /// `k` f64 values; `decode_b(n, row)` writes weight row `n` of `n_rows`. Returned n-major.
 fn gemm_f64(
@@ -56,6 +69,7 @@ fn gemm_f64(
     k: usize,
     n_rows: usize,
     decode_b: impl Fn(usize, &mut [f64]) + Sync,
+    exec: Exec,
 ) -> Vec<f32> {
     assert_eq!(
         n_rows % ROW_BLOCK,
@@ -69,15 +83,25 @@ fn gemm_f64(
     }
     // Decoding a weight row once per task and reusing it for every token row is what makes
     // few-tokens-per-expert problems cheap.
-    out.par_chunks_mut(ROW_BLOCK * m).enumerate().for_each_init(
-        || vec![0f64; ROW_BLOCK * k],
-        |b, (block, out)| {
-            for (r, row) in b.chunks_exact_mut(k).enumerate() {
-                decode_b(block * ROW_BLOCK + r, row);
-            }
-            dot_block(a, b, k, out);
-        },
-    );
+    let task = |b: &mut Vec<f64>, (block, out): (usize, &mut [f32])| {
+        for (r, row) in b.chunks_exact_mut(k).enumerate() {
+            decode_b(block * ROW_BLOCK + r, row);
+        }
+        dot_block(a, b, k, out);
+    };
+    let scratch = || vec![0f64; ROW_BLOCK * k];
+    match exec {
+        Exec::Rayon => out
+            .par_chunks_mut(ROW_BLOCK * m)
+            .enumerate()
+            .for_each_init(scratch, task),
+        Exec::Here => {
+            let mut b = scratch();
+            out.chunks_mut(ROW_BLOCK * m)
+                .enumerate()
+                .for_each(|item| task(&mut b, item));
+        }
+    }
     out
 }
 
@@ -216,7 +240,7 @@ fn decode_fp4_row(packed: &[u8], sf: &[u8], out: &mut [f64]) {
 }
 
 /// Dequantizes FP8 rows of `width` channels with scales per `g` to f64.
-fn dequantize_act(q: &[u8], sf: &[u8], width: usize, g: usize) -> Vec<f64> {
+pub fn dequantize_act(q: &[u8], sf: &[u8], width: usize, g: usize) -> Vec<f64> {
     let mut row = vec![0f32; width];
     let mut out = Vec::with_capacity(q.len());
     for (qr, sr) in q.chunks_exact(width).zip(sf.chunks_exact(width / g)) {
@@ -267,6 +291,128 @@ fn w2_row<'w>(
     )
 }
 
+/// Linear1 accumulators (step 1) of `m` rows for `len` h channels: for each channel its gate
+/// row and its up row, n-major.
+pub struct L1Acc {
+    /// `[2·len][m]`: the gate rows of the channels, then their up rows.
+    acc: Vec<f32>,
+    m: usize,
+    len: usize,
+}
+
+impl L1Acc {
+    /// The (gate, up) accumulators of row `r`, channel `c` (both counted from the call's start).
+    #[inline]
+    fn gate_up(&self, r: usize, c: usize) -> (f32, f32) {
+        (
+            self.acc[c * self.m + r],
+            self.acc[(self.len + c) * self.m + r],
+        )
+    }
+}
+
+/// Linear1 of rows `a` (dequantized, f64 `[m, H]`) on rank-local `expert` for the h channels
+/// `channels` (a multiple of 4 of them).
+pub fn l1_acc(
+    config: &Config,
+    weights: &RankWeights,
+    expert: usize,
+    a: &[f64],
+    channels: Range<usize>,
+    exec: Exec,
+) -> L1Acc {
+    let (h, i, len) = (config.hidden, config.intermediate, channels.len());
+    let w1_row_of = |n: usize| {
+        if n < len {
+            channels.start + n
+        } else {
+            i + channels.start + n - len
+        }
+    };
+    let acc = gemm_f64(
+        a,
+        h,
+        2 * len,
+        |n, row| {
+            let (packed, sf) = w1_row(config, weights, expert, w1_row_of(n));
+            decode_fp4_row(packed, sf, row)
+        },
+        exec,
+    );
+    L1Acc {
+        acc,
+        m: a.len() / h,
+        len,
+    }
+}
+
+/// Steps 2–3 for row `r` of `acc`: SwiGLU × `weight` of every channel into `h` (`len` long),
+/// then the re-quantization per G into `q` (`len` codes) and `sf` (`len/G` scale bytes); the
+/// channels must start on a G boundary. `Err(h)` with the first h that is not finite (it has
+/// no scale).
+pub fn l1_epilogue_row(
+    config: &Config,
+    acc: &L1Acc,
+    r: usize,
+    weight: f32,
+    h: &mut [f32],
+    q: &mut [u8],
+    sf: &mut [u8],
+) -> Result<(), f32> {
+    assert_eq!(h.len(), acc.len, "one h per accumulated channel");
+    for (c, hv) in h.iter_mut().enumerate() {
+        let (g, u) = acc.gate_up(r, c);
+        *hv = swiglu(bf16_rn(g), bf16_rn(u), config.clamp, weight);
+    }
+    if let Some(&value) = h.iter().find(|v| !v.is_finite()) {
+        return Err(value);
+    }
+    quant::requantize_row(h, config.act_group(), q, sf);
+    Ok(())
+}
+
+/// Linear2 accumulators (step 4) of `m` rows for a range of output columns, n-major.
+pub struct L2Acc {
+    /// `[len][m]`.
+    acc: Vec<f32>,
+    m: usize,
+}
+
+impl L2Acc {
+    /// Step 4's result for row `r`, column `c` (counted from the call's first column): BF16.
+    #[inline]
+    pub fn bf16(&self, r: usize, c: usize) -> bf16 {
+        bf16::from_f32(self.acc[c * self.m + r])
+    }
+}
+
+/// Linear2 of re-quantized rows `a` (dequantized, f64 `[m, I]`) on rank-local `expert` for
+/// the output columns `cols` (a multiple of 8 of them).
+pub fn l2_acc(
+    config: &Config,
+    weights: &RankWeights,
+    expert: usize,
+    a: &[f64],
+    cols: Range<usize>,
+    exec: Exec,
+) -> L2Acc {
+    let i = config.intermediate;
+    let acc = gemm_f64(
+        a,
+        i,
+        cols.len(),
+        |n, row| {
+            let (packed, sf) = w2_row(config, weights, expert, cols.start + n);
+            decode_fp4_row(packed, sf, row)
+        },
+        exec,
+    );
+    L2Acc {
+        acc,
+        m: a.len() / i,
+    }
+}
+
 /// L1 + SwiGLU + re-quantization of rows that all go to rank-local `expert`.
 fn expert_l1(
     config: &Config,
@@ -278,10 +424,7 @@ fn expert_l1(
 ) -> Result<ActRows, ReferenceError> {
     let (h, i, g) = (config.hidden, config.intermediate, config.act_group());
     let a = dequantize_act(x, x_sf, h, g);
-    let acc = gemm_f64(&a, h, 2 * i, |n, row| {
-        let (packed, sf) = w1_row(config, weights, expert, n);
-        decode_fp4_row(packed, sf, row)
-    });
+    let acc = l1_acc(config, weights, expert, &a, 0..i, Exec::Rayon);
     let m = topk_weights.len();
     let mut out = ActRows {
         q: vec![0; m * i],
@@ -294,22 +437,13 @@ fn expert_l1(
         .zip(out.q.chunks_exact_mut(i))
         .zip(out.sf.chunks_exact_mut(i / g))
     {
-        for (c, hv) in h_row.iter_mut().enumerate() {
-            *hv = swiglu(
-                bf16_rn(acc[c * m + r]),
-                bf16_rn(acc[(i + c) * m + r]),
-                config.clamp,
-                w,
-            );
-        }
-        if let Some(&value) = h_row.iter().find(|v| !v.is_finite()) {
-            return Err(ReferenceError::NonFiniteL1 {
+        l1_epilogue_row(config, &acc, r, w, &mut h_row, q, sf).map_err(|value| {
+            ReferenceError::NonFiniteL1 {
                 expert,
                 row: r,
                 value,
-            });
-        }
-        quant::requantize_row(&h_row, g, q, sf);
+            }
+        })?;
     }
     Ok(out)
 }
@@ -318,13 +452,9 @@ fn expert_l1(
 fn expert_l2(config: &Config, weights: &RankWeights, expert: usize, h_rows: &ActRows) -> Vec<bf16> {
     let (h, i, g) = (config.hidden, config.intermediate, config.act_group());
     let a = dequantize_act(&h_rows.q, &h_rows.sf, i, g);
-    let acc = gemm_f64(&a, i, h, |n, row| {
-        let (packed, sf) = w2_row(config, weights, expert, n);
-        decode_fp4_row(packed, sf, row)
-    });
-    let m = a.len() / i;
-    (0..m * h)
-        .map(|e| bf16::from_f32(acc[(e % h) * m + e / h]))
+    let acc = l2_acc(config, weights, expert, &a, 0..h, Exec::Rayon);
+    (0..a.len() / i * h)
+        .map(|e| acc.bf16(e / h, e % h))
         .collect()
 }
 
@@ -464,6 +594,20 @@ fn slots_of_owner(config: &Config, topk_idx: &[&[i64]], owner: usize) -> Vec<Vec
     groups
 }
 
+/// Step 5 for one token: adds the values of its valid slots, given in increasing j, to `acc`
+/// (f32, starting from 0.0); the caller rounds to BF16.
+pub fn combine_token<'s, S: Copy + 's>(
+    slots: impl IntoIterator<Item = &'s [S]>,
+    value: impl Fn(S) -> f32,
+    acc: &mut [f32],
+) {
+    for slot in slots {
+        for (a, &s) in acc.iter_mut().zip(slot) {
+            *a += value(s);
+        }
+    }
+}
+
 /// Step 5 on one rank: per token, the f32 sum from 0.0 of its valid slots in increasing j.
 /// `slots` is `[T, k, H]`.
 fn combine<S: Copy + Sync>(
@@ -475,11 +619,8 @@ fn combine<S: Copy + Sync>(
 ) -> Vec<f32> {
     let mut y = vec![0f32; topk_idx.len() / k * h];
     y.par_chunks_mut(h).enumerate().for_each(|(t, yt)| {
-        for j in (0..k).filter(|&j| topk_idx[t * k + j] >= 0) {
-            for (acc, &s) in yt.iter_mut().zip(&slots[(t * k + j) * h..][..h]) {
-                *acc += value(s);
-            }
-        }
+        let valid = (0..k).filter(|&j| topk_idx[t * k + j] >= 0);
+        combine_token(valid.map(|j| &slots[(t * k + j) * h..][..h]), &value, yt);
     });
     y
 }
@@ -631,7 +772,13 @@ pub fn forward_f32(
                 .map(|&v| f64::from(v))
                 .collect();
             let w1 = &w.w1[expert * 2 * i * h..][..2 * i * h];
-            let acc = gemm_f64(&x, h, 2 * i, |n, row| widen(&w1[n * h..][..h], row));
+            let acc = gemm_f64(
+                &x,
+                h,
+                2 * i,
+                |n, row| widen(&w1[n * h..][..h], row),
+                Exec::Rayon,
+            );
             let m = refs.len();
             let hidden: Vec<f64> = (0..m * i)
                 .map(|e| {
@@ -647,7 +794,13 @@ pub fn forward_f32(
                 })
                 .collect();
             let w2 = &w.w2[expert * h * i..][..h * i];
-            let acc = gemm_f64(&hidden, i, h, |n, row| widen(&w2[n * i..][..i], row));
+            let acc = gemm_f64(
+                &hidden,
+                i,
+                h,
+                |n, row| widen(&w2[n * i..][..i], row),
+                Exec::Rayon,
+            );
             for (r, s) in refs.iter().enumerate() {
                 for (c, dst) in slots[s.rank][(s.token * k + s.slot) * h..][..h]
                     .iter_mut()
