@@ -23,6 +23,7 @@ fn registry() -> Vec<KernelSpec> {
             .header(fp_formats::CUDA_HEADER),
     );
     specs.extend(megamoe_kernel::gemm::kernels());
+    specs.extend(barriers::kernels());
     // Add further crates here.
     specs
 }

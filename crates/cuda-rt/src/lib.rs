@@ -20,6 +20,7 @@
 //! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative) and the [`Launch`] argument builder, over `cuLaunchKernelEx` |
 //! | [`tma`] | [`TensorMapDesc`] with field-by-field validation ([`TmaError`]) and `cuTensorMapEncodeTiled` → [`TensorMap`] |
 //! | [`peer`] | [`Gpu::enable_peer_access`], [`enable_peer_access_all`] |
+//! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
 //! | [`timing`] | [`GpuTimer`]: CUDA-event timing |
 //! | [`selftest`] | the kernels this crate tests itself with on a GPU |
 //! | [`CUDA_HEADER`] | `cuda/cuda_rt.cuh`: `CUtensorMap` for NVRTC-compiled kernels (cuda.h does not compile under NVRTC) |
@@ -49,6 +50,7 @@ pub mod spec;
 pub mod timing;
 pub mod tma;
 pub mod toolkit;
+pub mod vmm;
 
 pub use arch::Arch;
 pub use cache::CACHE_ENV;
@@ -66,6 +68,7 @@ pub use tma::{
     Interleave, L2Promotion, OobFill, Swizzle, TensorMap, TensorMapDesc, TmaDataType, TmaError,
 };
 pub use toolkit::Toolkit;
+pub use vmm::{Mapping, SharedMemory};
 
 /// The device header (`#include "cuda_rt.cuh"`): `CUtensorMap` for kernels compiled by NVRTC.
 pub const CUDA_HEADER: Header = ("cuda_rt.cuh", include_str!("../cuda/cuda_rt.cuh"));

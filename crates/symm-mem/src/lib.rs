@@ -6,16 +6,19 @@
 //!   fits in.
 //! - [`device`]: the `#[repr(C)]` structs the kernel sees ([`SymmBuffer`], [`TokenSrc`]), pinned
 //!   field by field against `cuda/symm_buffer.cuh`.
-//!
-//! World backends (allocation, peer mapping) come later; this crate is host-only so far.
+//! - [`world`]: the ranks and how they allocate the buffer: [`World::local`] (one process, a thread
+//!   per GPU, peer access) and [`World::from_env`] (a process per GPU, VMM memory passed as fds over
+//!   a Unix socket); host-side barriers and all-gathers; [`spawn_ranks`] to launch a world locally.
 
 pub mod device;
 pub mod error;
 pub mod layout;
+pub mod world;
 
 pub use device::{SymmBuffer, TokenSrc};
 pub use error::SymmError;
 pub use layout::{BlockMs, ByteSize, Region, SymmLayout, SymmParams, pool_capacity};
+pub use world::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 
 /// Most ranks a buffer can span (one NVL72 domain); the device view has one offset slot each.
 pub const MAX_RANKS: usize = 72;

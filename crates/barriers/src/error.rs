@@ -1,0 +1,107 @@
+//! The error word: what a failed barrier leaves in the symmetric buffer, and its decoding. The bit
+//! layout is pinned against `cuda/barriers.cuh` (constants of the same names, `kError*` there).
+
+/// Bits 63..60: the kind of failure (0 = none).
+pub const ERROR_KIND_SHIFT: u32 = 60;
+/// Kind: a rank did not reach the cross-rank barrier in time.
+pub const ERROR_KIND_RANK_TIMEOUT: u64 = 1;
+/// Bits 59..52: the rank that was missing.
+pub const ERROR_RANK_SHIFT: u32 = 52;
+/// Bits 51..32: how long the barrier waited, in units of 2^[`ERROR_WAIT_UNIT_LOG2`] ns, saturating.
+pub const ERROR_WAIT_SHIFT: u32 = 32;
+/// The wait is stored in units of 2^20 ns (about 1.05 ms): the device divides with a shift.
+pub const ERROR_WAIT_UNIT_LOG2: u32 = 20;
+/// Largest stored wait (about 18 minutes).
+pub const ERROR_WAIT_MAX: u64 = (1 << 20) - 1;
+
+/// A barrier failure, decoded from the error word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BarrierError {
+    /// `missing_rank` had not entered barrier `epoch` when the waiting rank gave up after
+    /// `waited_ns` (a lower bound, in steps of 2^20 ns).
+    #[error(
+        "cross-rank barrier timed out: rank {missing_rank} had not reached epoch {epoch} after {:.1} ms \
+         (it died, hangs, or never launched the kernel)",
+        *waited_ns as f64 / 1e6
+    )]
+    Timeout {
+        missing_rank: u32,
+        /// The low 32 bits of the barrier's epoch (1 for the first barrier on a fresh buffer).
+        epoch: u32,
+        waited_ns: u64,
+    },
+    #[error("the error word is {word:#018x}, which no barrier writes (another kernel's error?)")]
+    Unknown { word: u64 },
+}
+
+/// `Ok` for a zero error word, else the failure it records.
+pub fn check_error_word(word: u64) -> Result<(), BarrierError> {
+    if word == 0 {
+        return Ok(());
+    }
+    match word >> ERROR_KIND_SHIFT {
+        ERROR_KIND_RANK_TIMEOUT => Err(BarrierError::Timeout {
+            missing_rank: ((word >> ERROR_RANK_SHIFT) & 0xFF) as u32,
+            epoch: word as u32,
+            waited_ns: ((word >> ERROR_WAIT_SHIFT) & ERROR_WAIT_MAX) << ERROR_WAIT_UNIT_LOG2,
+        }),
+        _ => Err(BarrierError::Unknown { word }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_is_no_error() {
+        assert_eq!(check_error_word(0), Ok(()));
+    }
+
+    #[test]
+    fn decodes_a_rank_timeout_field_by_field() {
+        let word = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
+        assert_eq!(
+            check_error_word(word),
+            Err(BarrierError::Timeout {
+                missing_rank: 71,
+                epoch: 0xDEAD_BEEF,
+                waited_ns: 5000 << 20,
+            })
+        );
+        let message = check_error_word(word).unwrap_err().to_string();
+        assert!(
+            message.contains("rank 71") && message.contains("5242.9 ms"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_largest_wait_saturates_every_field_independently() {
+        let word = (1u64 << 60) | (0xFF << 52) | (ERROR_WAIT_MAX << 32) | 0xFFFF_FFFF;
+        let Err(BarrierError::Timeout {
+            missing_rank,
+            epoch,
+            waited_ns,
+        }) = check_error_word(word)
+        else {
+            panic!("not a timeout");
+        };
+        assert_eq!((missing_rank, epoch), (255, u32::MAX));
+        assert_eq!(waited_ns, ERROR_WAIT_MAX << 20);
+        assert!(waited_ns > 18 * 60 * 1_000_000_000);
+    }
+
+    #[test]
+    fn unknown_kinds_are_reported_with_the_word() {
+        for kind in [2u64, 15] {
+            let word = kind << 60 | 7;
+            assert_eq!(check_error_word(word), Err(BarrierError::Unknown { word }));
+        }
+        assert_eq!(
+            check_error_word(1),
+            Err(BarrierError::Unknown { word: 1 }),
+            "kind 0 with bits set is no barrier's word"
+        );
+    }
+}
