@@ -23,6 +23,26 @@ impl RankOutput {
     pub fn success(&self) -> bool {
         self.status.is_some_and(|s| s.success())
     }
+
+    /// For a [`spawn_test_ranks`] process: it exited 0 and libtest ran exactly its one test (a
+    /// name that matches nothing also exits 0).
+    pub fn passed_its_test(&self) -> bool {
+        self.success() && self.stdout.contains("test result: ok. 1 passed")
+    }
+}
+
+/// The rank, how it ended, and everything it printed, indented: for assertion messages.
+impl std::fmt::Display for RankOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            Some(status) => writeln!(f, "rank {}: {status}", self.rank)?,
+            None => writeln!(f, "rank {}: killed at the deadline", self.rank)?,
+        }
+        for line in self.stdout.lines().chain(self.stderr.lines()) {
+            writeln!(f, "    {line}")?;
+        }
+        Ok(())
+    }
 }
 
 struct Running {
@@ -117,4 +137,36 @@ pub fn spawn_ranks(
             }
         })
         .collect())
+}
+
+/// Set in a test process that [`spawn_test_ranks`] started, to the name of the test it runs.
+pub const TEST_RANK_VAR: &str = "SYMM_MEM_TEST_RANK_OF";
+
+/// Runs libtest test `test` of the current test binary as the ranks of a `world_size`-rank world:
+/// each process runs only that test (ignored or not) with [`TEST_RANK_VAR`] = `test`, so the test
+/// body can tell the ranks ([`is_test_rank`]) from the launcher. See [`spawn_ranks`] for the rest.
+pub fn spawn_test_ranks(
+    test: &str,
+    world_size: usize,
+    collective_timeout: Duration,
+    run_timeout: Duration,
+) -> Result<Vec<RankOutput>, WorldError> {
+    let exe = std::env::current_exe().map_err(|source| WorldError::Spawn { rank: 0, source })?;
+    spawn_ranks(world_size, collective_timeout, run_timeout, |_| {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            test,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(TEST_RANK_VAR, test);
+        cmd
+    })
+}
+
+/// Whether this process is a rank that [`spawn_test_ranks`] started for `test`.
+pub fn is_test_rank(test: &str) -> bool {
+    std::env::var(TEST_RANK_VAR).is_ok_and(|v| v == test)
 }

@@ -26,7 +26,7 @@ use cuda_rt::{CudaSlice, Gpu, Mapping, SharedMemory};
 
 pub use env::{ProcessEnv, TIMEOUT_VAR};
 pub use error::WorldError;
-pub use launch::{RankOutput, spawn_ranks};
+pub use launch::{RankOutput, TEST_RANK_VAR, is_test_rank, spawn_ranks, spawn_test_ranks};
 pub use rendezvous::{Contribution, MAX_FDS_PER_FRAME, MAX_PAYLOAD_BYTES, Rendezvous};
 
 use crate::{MAX_RANKS, SymmBuffer};
