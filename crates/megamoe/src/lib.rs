@@ -1,10 +1,12 @@
-//! `megamoe`: the MegaMoE facade. So far the CPU half of the foundation: problem configs and
-//! presets ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the
-//! random problem generator ([`generate`]), the CPU reference of the numeric contract
-//! ([`reference`]) and the comparison metrics ([`check`]). The `megamoe` CLI drives them.
+//! `megamoe`: the MegaMoE facade. So far the CPU half: problem configs and presets
+//! ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the random
+//! problem generator ([`generate`]), the CPU reference of the numeric contract ([`reference`]),
+//! the CPU dataflow engine that runs the fused kernel's buffer protocol and scheduler on host
+//! threads ([`dataflow`]) and the comparison metrics ([`check`]). The `megamoe` CLI drives them.
 
 pub mod check;
 pub mod config;
+pub mod dataflow;
 pub mod files;
 pub mod generate;
 pub mod problem;

@@ -1,4 +1,5 @@
-//! The `megamoe` binary end to end: gen → run → check, and its refusals.
+//! The `megamoe` binary end to end: gen → run → check (both CPU backends, bit for bit), plan,
+//! and its refusals.
 
 use megamoe::files;
 use std::path::{Path, PathBuf};
@@ -87,6 +88,103 @@ fn gen_run_check() {
     for dir in [a, b] {
         std::fs::remove_dir_all(dir).unwrap();
     }
+}
+
+#[test]
+fn dataflow_backend_writes_the_same_bits_as_cpu() {
+    let (cpu, flow) = (temp("cpu"), temp("flow"));
+    let gen_args = |dir| {
+        [
+            "gen",
+            dir,
+            "--tokens",
+            "40",
+            "--ranks",
+            "4",
+            "--seed",
+            "9",
+            "--mask-fraction",
+            "0.2",
+        ]
+    };
+    for dir in [&cpu, &flow] {
+        let out = megamoe(&gen_args(s(dir)));
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let out = megamoe(&["run", s(&cpu), "--backend", "cpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = megamoe(&[
+        "run",
+        s(&flow),
+        "--backend",
+        "cpu-dataflow",
+        "--workers",
+        "3",
+        "--dispatch-threads",
+        "2",
+    ]);
+    assert!(
+        out.status.success() && text(&out).contains("cpu-dataflow: y per rank"),
+        "{}",
+        text(&out)
+    );
+    for rank in 0..4 {
+        let a = files::read_output(&files::output_path(&cpu, rank)).unwrap();
+        let b = files::read_output(&files::output_path(&flow, rank)).unwrap();
+        assert_eq!(a, b, "rank {rank}");
+    }
+    let out = megamoe(&["check", s(&cpu), s(&flow), "--tol", "0"]);
+    assert!(
+        out.status.success() && text(&out).contains("PASS"),
+        "{}",
+        text(&out)
+    );
+    for dir in [cpu, flow] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[test]
+fn plan_prints_moe_scheds_plan() {
+    let out = megamoe(&[
+        "plan",
+        "--preset",
+        "deepseek-v4-pro",
+        "--ranks",
+        "8",
+        "--tokens",
+        "8192",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    for needle in [
+        "EP8",
+        "buffer per rank",
+        "BLOCK_M",
+        "256",
+        "experts per wave",
+        "6.494 TFLOP",
+        "NVLink",
+    ] {
+        assert!(
+            text(&out).contains(needle),
+            "{needle:?} missing:\n{}",
+            text(&out)
+        );
+    }
+    let out = megamoe(&[
+        "plan",
+        "--preset",
+        "deepseek-v4-pro",
+        "--ranks",
+        "5",
+        "--tokens",
+        "8",
+    ]);
+    assert!(
+        !out.status.success() && text(&out).contains("not a positive multiple of num_ranks R = 5"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

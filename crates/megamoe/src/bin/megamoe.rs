@@ -1,14 +1,17 @@
 //! The `megamoe` CLI: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
-//! a backend, `check` compares two outputs with the acceptance metric of DESIGN §1.
+//! a backend, `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
+//! prints `moe_sched`'s per-rank plan of a preset.
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use megamoe::check::Comparison;
+use megamoe::dataflow::{self, EngineOptions};
 use megamoe::files::{self, Output};
 use megamoe::generate::{self, GenOptions};
 use megamoe::reference::Forward;
 use megamoe::{Config, Recipe};
+use moe_sched::{Plan, PlanConfig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tracing::info;
@@ -32,6 +35,12 @@ enum Command {
         dir: PathBuf,
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
+        /// cpu-dataflow: GEMM worker threads per rank.
+        #[arg(long, default_value_t = EngineOptions::default().workers_per_rank)]
+        workers: usize,
+        /// cpu-dataflow: dispatch threads per rank.
+        #[arg(long, default_value_t = EngineOptions::default().dispatch_threads_per_rank)]
+        dispatch_threads: usize,
     },
     /// Compare two outputs (y files, or directories of y.rank{r} files): calc_diff and max abs
     /// error; exits non-zero when calc_diff > tol or a NaN shows up.
@@ -41,6 +50,25 @@ enum Command {
         #[arg(long, default_value_t = 1e-5)]
         tol: f64,
     },
+    /// Print the per-rank plan of a preset: buffer size, block sizes, waves, bytes and FLOPs.
+    Plan(PlanArgs),
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// One of: tiny, deepseek-v4-flash, deepseek-v4-pro, deepseek-v3.
+    #[arg(long)]
+    preset: String,
+    #[arg(long)]
+    ranks: usize,
+    /// Tokens per rank (also the buffer's T_max).
+    #[arg(long)]
+    tokens: usize,
+    #[arg(long, default_value_t = Recipe::Mx32)]
+    recipe: Recipe,
+    /// SMs per GPU (persistent workers).
+    #[arg(long, default_value_t = moe_sched::heuristics::DEFAULT_NUM_SMS)]
+    sms: u32,
 }
 
 #[derive(clap::Args)]
@@ -70,6 +98,9 @@ struct GenArgs {
 enum Backend {
     /// The CPU reference of the numeric contract.
     Cpu,
+    /// The fused kernel's dataflow on host threads: ranks over symmetric buffers, dispatch,
+    /// wave-scheduled GEMM blocks, combine (bitwise equal to `cpu`).
+    CpuDataflow,
 }
 
 /// `--clamp` value: `none` switches the clamp off.
@@ -97,8 +128,23 @@ fn main() -> anyhow::Result<()> {
         Command::Run {
             dir,
             backend: Backend::Cpu,
+            ..
         } => run_cpu(&dir),
+        Command::Run {
+            dir,
+            backend: Backend::CpuDataflow,
+            workers,
+            dispatch_threads,
+        } => run_dataflow(
+            &dir,
+            EngineOptions {
+                workers_per_rank: workers,
+                dispatch_threads_per_rank: dispatch_threads,
+                ..EngineOptions::default()
+            },
+        ),
         Command::Check { a, b, tol } => check(&a, &b, tol),
+        Command::Plan(args) => plan(&args),
     }
 }
 
@@ -173,10 +219,7 @@ fn run_cpu(dir: &Path) -> anyhow::Result<()> {
     let inputs = (0..config.num_ranks)
         .map(|r| files::read_inputs(dir, &config, r))
         .collect::<Result<Vec<_>, _>>()?;
-    let pairs: usize = inputs
-        .iter()
-        .map(|x| x.topk_idx.iter().filter(|&&e| e >= 0).count())
-        .sum();
+    let pairs = routed_pairs(&inputs);
     let fwd = Forward::new(&config, &inputs);
     let progress = bar(fwd.active_experts() as u64, "experts");
     let mut fwd = fwd.with_progress(progress.clone());
@@ -192,27 +235,102 @@ fn run_cpu(dir: &Path) -> anyhow::Result<()> {
     let t = Instant::now();
     let outputs = fwd.finish();
     compute += t.elapsed();
-    for (rank, y) in outputs.into_iter().enumerate() {
+    write_outputs(dir, &config, inputs.iter().map(|x| x.tokens), outputs)?;
+    let flop = 2.0 * pairs as f64 * config.macs_per_pair() as f64;
+    println!(
+        "cpu: y per rank {} (BF16), {pairs} routed pairs, compute {:.3}s ({:.1} GFLOP/s), total {:.3}s",
+        y_shapes(&config, &inputs),
+        compute.as_secs_f64(),
+        flop / compute.as_secs_f64().max(1e-9) / 1e9,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Writes every rank's `y`.
+fn write_outputs(
+    dir: &Path,
+    config: &Config,
+    tokens: impl Iterator<Item = usize>,
+    outputs: Vec<Vec<fp_formats::bf16>>,
+) -> anyhow::Result<()> {
+    for ((rank, y), tokens) in outputs.into_iter().enumerate().zip(tokens) {
         let output = Output {
-            tokens: inputs[rank].tokens,
+            tokens,
             hidden: config.hidden,
             y,
         };
         files::write_output(&files::output_path(dir, rank), &output)?;
         info!(rank, tokens = output.tokens, "wrote y");
     }
-    let flop = 2.0 * pairs as f64 * config.macs_per_pair() as f64;
+    Ok(())
+}
+
+/// Valid (token, slot) pairs of all ranks.
+fn routed_pairs(inputs: &[megamoe::RankInputs]) -> usize {
+    inputs
+        .iter()
+        .map(|x| x.topk_idx.iter().filter(|&&e| e >= 0).count())
+        .sum()
+}
+
+/// `y` shapes per rank, for the summary line.
+fn y_shapes(config: &Config, inputs: &[megamoe::RankInputs]) -> String {
     let shapes: Vec<String> = inputs
         .iter()
         .map(|x| format!("[{}, {}]", x.tokens, config.hidden))
         .collect();
+    shapes.join(" ")
+}
+
+fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let problem = files::read_problem(dir)?;
+    let (config, inputs) = (&problem.config, &problem.inputs);
+    let t = Instant::now();
+    let run = dataflow::forward(config, &problem.weights, inputs, options)?;
+    let compute = t.elapsed();
+    let s = run.schedule;
+    write_outputs(dir, config, inputs.iter().map(|x| x.tokens), run.y)?;
+    let pairs = routed_pairs(inputs);
+    let flop = 2.0 * pairs as f64 * config.macs_per_pair() as f64;
     println!(
-        "cpu: y per rank {} (BF16), {pairs} routed pairs, compute {:.3}s ({:.1} GFLOP/s), total {:.3}s",
-        shapes.join(" "),
+        "cpu-dataflow: y per rank {} (BF16), {pairs} routed pairs, {} ranks x ({} dispatch + {} GEMM threads), \
+         BLOCK_M {}, {} local experts per wave, compute {:.3}s ({:.1} GFLOP/s), total {:.3}s",
+        y_shapes(config, inputs),
+        config.num_ranks,
+        options.dispatch_threads_per_rank,
+        options.workers_per_rank,
+        s.block_m,
+        s.num_experts_per_wave,
         compute.as_secs_f64(),
         flop / compute.as_secs_f64().max(1e-9) / 1e9,
         start.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+fn plan(args: &PlanArgs) -> anyhow::Result<()> {
+    let config = Config::preset(&args.preset)?
+        .with_ranks(args.ranks)
+        .with_recipe(args.recipe);
+    config.validate()?;
+    let u32_of = |name: &str, v: usize| {
+        u32::try_from(v).with_context(|| format!("{name} = {v} does not fit in 32 bits"))
+    };
+    let plan = Plan::new(PlanConfig {
+        num_sms: args.sms,
+        act_scale_group: u32_of("act_scale_block", config.act_group())?,
+        ..PlanConfig::new(
+            u32_of("hidden", config.hidden)?,
+            u32_of("intermediate", config.intermediate)?,
+            u32_of("num_experts", config.num_experts)?,
+            u32_of("top_k", config.top_k)?,
+            u32_of("ranks", config.num_ranks)?,
+            u32_of("tokens", args.tokens)?,
+        )
+    })?;
+    println!("{}: {plan}", args.preset);
     Ok(())
 }
 
