@@ -296,7 +296,7 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     let flop = 2.0 * pairs as f64 * config.macs_per_pair() as f64;
     println!(
         "cpu-dataflow: y per rank {} (BF16), {pairs} routed pairs, {} ranks x ({} dispatch + {} GEMM threads), \
-         BLOCK_M {}, {} local experts per wave, compute {:.3}s ({:.1} GFLOP/s), total {:.3}s",
+         BLOCK_M {}, {} local expert(s) per wave, compute {:.3}s ({:.1} GFLOP/s), total {:.3}s",
         y_shapes(config, inputs),
         config.num_ranks,
         options.dispatch_threads_per_rank,
