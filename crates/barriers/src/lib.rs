@@ -9,12 +9,13 @@
 //! | [`CUDA_HEADER`] | `cuda/barriers.cuh`: `grid_barrier`, `rank_barrier`, `grid_rank_barrier` (include it with [`CUDA_HEADERS`]) |
 //! | [`BarrierWords`] | where the grid word, the signals and the error word sit in a symmetric buffer |
 //! | [`error`] | the error word's bit layout, [`BarrierError`] and [`check_error_word`] |
-//! | [`kernels`] | `cuda/barriers_test.cu`: the kernels of the GPU tests and the benchmark |
+//! | [`kernels`], [`testkit`] | `cuda/barriers_test.cu`: the kernels of the GPU tests and the benchmark, and their launchers |
 //!
 //! GPU tests: `tests/gpu.rs` (ignored without a GPU; the 2-GPU ones print `SKIP:` on one GPU).
 //! Benchmark: `benches/barriers.rs`.
 
 pub mod error;
+pub mod testkit;
 
 use std::time::Duration;
 

@@ -349,3 +349,46 @@ fn a_cubin_for_another_arch_is_refused_by_the_driver() {
         Err(Error::InvalidModule(_))
     ));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_memory_exports_imports_and_maps_twice() {
+    use cuda_rt::SharedMemory;
+    let gpu = gpu(0);
+    let granularity = SharedMemory::granularity(&gpu).unwrap();
+    assert!(granularity.is_power_of_two(), "{granularity}");
+    let memory = SharedMemory::create(&gpu, granularity + 1).unwrap();
+    assert_eq!(memory.bytes(), 2 * granularity);
+    let first = memory.map(&[&gpu]).unwrap();
+    let pattern: Vec<u8> = (0..memory.bytes()).map(|i| (i * 7 % 251) as u8).collect();
+    // SAFETY: every access below stays inside a live mapping of memory.bytes() bytes.
+    unsafe { gpu.write_raw(first.ptr(), &pattern).unwrap() };
+
+    // What another process would do with the fd: import it and map it at a second address.
+    let fd = memory.export_fd().unwrap();
+    let imported =
+        SharedMemory::import_fd(&gpu, std::os::fd::AsFd::as_fd(&fd), memory.bytes()).unwrap();
+    drop(fd);
+    let second = imported.map(&[&gpu]).unwrap();
+    assert_ne!(second.ptr(), first.ptr());
+    let mut back = vec![0u8; memory.bytes()];
+    unsafe { gpu.read_raw(second.ptr(), &mut back).unwrap() };
+    assert!(
+        back == pattern,
+        "the second mapping sees the first one's bytes"
+    );
+
+    // memset through one mapping, a copy-engine copy between the two, read through the first.
+    unsafe {
+        gpu.memset_raw(second.ptr() + 4096, 4096, 0xAB).unwrap();
+        gpu.copy_peer_raw(first.ptr(), &gpu, second.ptr() + 4096, 16)
+            .unwrap();
+        gpu.read_raw(first.ptr(), &mut back[..32]).unwrap();
+    }
+    assert_eq!(&back[..16], &[0xAB; 16]);
+    assert_eq!(&back[16..32], &pattern[16..32]);
+    // The memory outlives both handles while a mapping remains.
+    drop((memory, imported, first));
+    unsafe { gpu.read_raw(second.ptr() + 4096, &mut back[..4]).unwrap() };
+    assert_eq!(&back[..4], &[0xAB; 4]);
+}

@@ -1,0 +1,89 @@
+//! No GPU needed (the CUDA toolkit is: scripts/cuda-toolchain.sh): the kernels compile to spill-free
+//! cubins for every target, the header's error-word constants are the host's, and the barrier
+//! words of the MegaMoE layout are where the layout puts them.
+
+use barriers::error::{
+    ERROR_KIND_RANK_TIMEOUT, ERROR_KIND_SHIFT, ERROR_RANK_SHIFT, ERROR_WAIT_MAX, ERROR_WAIT_SHIFT,
+    ERROR_WAIT_UNIT_LOG2,
+};
+use barriers::{BarrierWords, CUDA_HEADER, kernels};
+use cuda_rt::{Arch, Jit};
+use symm_mem::{BlockMs, SymmLayout, SymmParams};
+
+#[test]
+fn test_kernels_compile_spill_free_for_every_arch() {
+    let jit = Jit::new().unwrap_or_else(|e| {
+        panic!("{e}\nNVRTC tests need the CUDA toolkit: run scripts/cuda-toolchain.sh first")
+    });
+    let spec = &kernels()[0];
+    assert!(spec.no_spill);
+    for arch in Arch::ALL {
+        let compiled = jit
+            .compile(spec, arch)
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert!(compiled.cubin.starts_with(b"\x7fELF"), "{arch}");
+        let mut names: Vec<_> = compiled.resources.iter().map(|r| r.name.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "copy16",
+                "encode_rank_timeouts",
+                "grid_barrier_loop",
+                "grid_barrier_rounds",
+                "rank_barrier_rounds"
+            ],
+            "{arch}"
+        );
+        for r in &compiled.resources {
+            assert!(!r.spills(), "{arch}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn header_error_constants_are_the_hosts() {
+    let text = CUDA_HEADER.1;
+    for (name, value) in [
+        ("u32 kErrorKindShift", u64::from(ERROR_KIND_SHIFT)),
+        ("u64 kErrorKindRankTimeout", ERROR_KIND_RANK_TIMEOUT),
+        ("u32 kErrorRankShift", u64::from(ERROR_RANK_SHIFT)),
+        ("u32 kErrorWaitShift", u64::from(ERROR_WAIT_SHIFT)),
+        ("u32 kErrorWaitUnitLog2", u64::from(ERROR_WAIT_UNIT_LOG2)),
+    ] {
+        let line = format!("constexpr {name} = {value};");
+        assert!(text.contains(&line), "barriers.cuh lacks `{line}`");
+    }
+    assert_eq!(
+        ERROR_WAIT_MAX,
+        (1 << (ERROR_RANK_SHIFT - ERROR_WAIT_SHIFT)) - 1
+    );
+    assert!(text.contains("constexpr u64 kErrorWaitMax = (1ull << 20) - 1;"));
+}
+
+#[test]
+fn barrier_words_come_from_the_layout() {
+    let layout = SymmLayout::new(SymmParams {
+        num_ranks: 8,
+        max_tokens_per_rank: 256,
+        hidden: 1024,
+        intermediate: 512,
+        num_experts: 64,
+        num_topk: 4,
+        act_scale_group: 32,
+        block_ms: BlockMs::single(64).unwrap(),
+        l1_block_n: 128,
+    })
+    .unwrap();
+    let words = BarrierWords::from_layout(&layout);
+    assert_eq!(words.grid, layout.grid_barrier.offset);
+    assert_eq!(words.signals, layout.rank_barrier_signals.offset);
+    assert_eq!(words.error, layout.error_word.offset);
+    assert!(layout.rank_barrier_signals.bytes >= 8 * 8);
+    for w in [words.grid, words.signals, words.error] {
+        assert!(
+            w % 8 == 0 && w < layout.workspace_bytes,
+            "zeroed workspace, 8-aligned"
+        );
+    }
+}
