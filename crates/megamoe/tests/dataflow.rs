@@ -80,10 +80,12 @@ fn small(ranks: usize, tokens: usize, mask_fraction: f64) -> Problem {
 #[case(16, 1)]
 #[case(16, 7)]
 #[case(16, 129)]
+#[case(16, 1000)]
 #[case(64, 0)]
 #[case(64, 1)]
 #[case(64, 7)]
 #[case(64, 129)]
+#[case(64, 1000)]
 fn ranks_and_token_counts(#[case] ranks: usize, #[case] tokens: usize) {
     run_and_compare(&small(ranks, tokens, 0.1), EngineOptions::default());
 }
