@@ -46,6 +46,7 @@ impl SharedMemory {
     /// The size every allocation and mapping on `gpu` is a multiple of (the driver's recommended
     /// granularity; 2 MiB on Hopper).
     pub fn granularity(gpu: &Gpu) -> Result<usize> {
+        gpu.context().bind_to_thread().call("cuCtxSetCurrent")?;
         let prop = properties(gpu);
         let mut granularity = 0usize;
         // SAFETY: valid out-pointer and properties.
@@ -101,7 +102,7 @@ impl SharedMemory {
     /// The allocation another process exported as `fd`, `bytes` long (its [`Self::bytes`]). The fd
     /// may be closed afterwards.
     pub fn import_fd(gpu: &Gpu, fd: BorrowedFd<'_>, bytes: usize) -> Result<Self> {
-        crate::device::driver()?;
+        gpu.context().bind_to_thread().call("cuCtxSetCurrent")?;
         let mut handle = 0;
         // SAFETY: for POSIX_FILE_DESCRIPTOR the OS handle is the descriptor's value cast to a pointer.
         unsafe {

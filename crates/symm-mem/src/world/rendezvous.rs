@@ -510,7 +510,7 @@ impl Rendezvous {
         let header = self.header(Kind::Data, self.rank, (&own.bytes, &own.fds));
         send_frame(hub, header, &own.bytes, &own.fds).map_err(|e| self.link_error(e, 0, during))?;
         // Longer than rank 0 waits, so that its diagnosis (which rank is missing) arrives first.
-        let deadline = start + self.timeout + self.timeout / 2;
+        let deadline = start + self.timeout + (self.timeout / 2).max(Duration::from_secs(1));
         let mut all = Vec::with_capacity(self.size);
         while all.len() < self.size {
             let (h, bytes, fds) = recv_frame(hub, deadline).map_err(|e| match e {
