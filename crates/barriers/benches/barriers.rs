@@ -60,6 +60,7 @@ fn grid_barrier(gpu: &Gpu) {
     let kernels = TestKernels::load(gpu).unwrap();
     let sms = gpu.info().sm_count;
     let mut grids = vec![1, 8, 32, sms / 2, sms];
+    grids.sort_unstable();
     grids.dedup();
     println!(
         "\ngrid barrier (one u64 phase/count word, {ROUNDS} in a loop, 128 threads per block)"

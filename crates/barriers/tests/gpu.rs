@@ -66,7 +66,7 @@ fn stay_in_step(world: &World) {
         .unwrap();
     let run = run_rounds(gpu, &k, &alloc.view(), ROUNDS, DEFAULT_TIMEOUT);
     eprintln!(
-        "rank {} of {}: {} rounds in {:.1?} ({:.2} µs per round: grid barrier, cross-rank barrier, grid barrier, {} KiB written per rank)",
+        "rank {} of {}: {} rounds in {:.1?} ({:.2} µs per round: grid barrier, cross-rank barrier, grid barrier; {} KiB written into each rank)",
         world.rank(),
         world.num_ranks(),
         run.completed,
