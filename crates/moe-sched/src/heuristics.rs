@@ -42,9 +42,15 @@ pub fn expected_tokens_per_expert(
     f64::from(tokens_per_rank) * f64::from(num_ranks) * f64::from(num_topk) / f64::from(num_experts)
 }
 
+/// Rows a block should cover so that most experts fit in one: the mean plus two standard
+/// deviations of a Poisson-like load, `mean + 2·√mean`.
+pub fn covering_rows(expected_tokens_per_expert: f64) -> f64 {
+    expected_tokens_per_expert + 2.0 * expected_tokens_per_expert.max(0.0).sqrt()
+}
+
 /// BLOCK_M for an expected load, see the module comment.
 pub fn choose_block_m(expected_tokens_per_expert: f64) -> u32 {
-    let target = expected_tokens_per_expert + 2.0 * expected_tokens_per_expert.max(0.0).sqrt();
+    let target = covering_rows(expected_tokens_per_expert);
     BLOCK_M_CANDIDATES
         .into_iter()
         .find(|&bm| f64::from(bm) >= target)
