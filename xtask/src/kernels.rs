@@ -22,7 +22,7 @@ fn registry() -> Vec<KernelSpec> {
         KernelSpec::new("fp-formats/twin_test", fp_formats::TWIN_TEST_SOURCE)
             .header(fp_formats::CUDA_HEADER),
     );
-    specs.extend(megamoe_kernel::gemm::kernels());
+    specs.extend(megamoe_kernel::kernels());
     specs.extend(barriers::kernels());
     // Add further crates here.
     specs

@@ -6,9 +6,19 @@
 pub mod gemm;
 pub mod problem;
 pub mod transform;
+pub mod unfused;
 
 pub use gemm::{DeviceWeights, GemmCore, GemmError, Pool, TilePlan};
 pub use transform::{GemmWeights, TransformError, transform_weights};
+pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
+
+/// Every kernel specialization of this crate (the grouped GEMM's and the unfused pipeline's glue),
+/// for `cargo xtask kernels`.
+pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
+    let mut specs = gemm::kernels();
+    specs.extend(unfused::kernels());
+    specs
+}
 
 /// Device sources of this crate, for the JIT's in-memory include tree.
 pub const CUDA_HEADERS: [(&str, &str); 2] = [

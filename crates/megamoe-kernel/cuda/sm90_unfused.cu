@@ -1,0 +1,23 @@
+// sm90_unfused.cu -- JIT entry points of the unfused pipeline's glue kernels (sm90_unfused.cuh);
+// specialized with -DUF_G=<32|128>. Launched with mm::unfused::kThreads threads per CTA.
+#include "sm90_unfused.cuh"
+
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
+    uf_dispatch(const __grid_constant__ mm::unfused::DispatchParams p) {
+  mm::unfused::dispatch(p);
+}
+
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
+    uf_swiglu(const __grid_constant__ mm::unfused::SwigluParams p) {
+  mm::unfused::swiglu(p);
+}
+
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
+    uf_combine_send(const __grid_constant__ mm::unfused::CombineSendParams p) {
+  mm::unfused::combine_send(p);
+}
+
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
+    uf_combine_reduce(const __grid_constant__ mm::unfused::CombineReduceParams p) {
+  mm::unfused::combine_reduce(p);
+}

@@ -1,0 +1,215 @@
+// sm90_unfused.cuh -- the unfused MoE pipeline's glue kernels (each its own launch; the grouped GEMM
+// of sm90_moe_gemm.cuh runs L1 and L2 between them):
+//   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
+//                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
+//                      records the row's source (RowMeta);
+//   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
+//                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
+//   uf_combine_send    one CTA per pool row: the row's L2 result into its source rank's combine buffer
+//                      [k][T_max][H] at (slot, token), over a peer pointer;
+//   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y.
+// Specialized with -DUF_G=<32|128> (the recipe's activation group). Pools: g128 = E4M3 [rows][K] plus
+// UE8M0 [K/128][sf_stride] (MN-major); mx32 = BF16 [rows][K] of E4M3 * 2^(scale-127), exact.
+#pragma once
+#include "fp_formats.cuh"
+
+namespace mm {
+namespace unfused {
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+constexpr int kThreads = 128;
+
+// The source of one pool row; token < 0 marks a padding row (the host fills the table with 0xff).
+struct RowMeta {
+  int rank;
+  int token;
+  int slot;
+  float weight;
+};
+static_assert(sizeof(RowMeta) == 16, "RowMeta is pinned to 16 bytes (megamoe-kernel/src/unfused.rs)");
+
+// Peer tables: address of each rank's buffer, indexed by rank, as this GPU sees it.
+struct DispatchParams {
+  const u8* x;             // [T][H] E4M3
+  const u8* x_sf;          // [T][H/G] UE8M0
+  const int* route;        // [T*k] destination row in the owner's pool, -1 = masked
+  const int* topk_idx;     // [T*k] global expert, -1 = masked
+  const float* topk_w;     // [T*k]
+  const u64* pool_act;     // [R] owner L1 pool activations
+  const u64* pool_sf;      // [R] owner L1 pool scales (g128)
+  const u64* pool_meta;    // [R] owner RowMeta tables
+  int tokens, top_k, hidden, experts_per_rank, sf_stride, rank;
+};
+
+struct SwigluParams {
+  const u16* l1_out;       // [rows][2I] BF16: gate 0..I, up I..2I
+  const RowMeta* meta;     // [rows]
+  u8* l2_act;              // g128: E4M3 [rows][I]; mx32: BF16 [rows][I]
+  u8* l2_sf;               // g128: [I/128][sf_stride]
+  int rows, inter, sf_stride, has_clamp;
+  float clamp;
+  int pad_;
+};
+
+struct CombineSendParams {
+  const u16* l2_out;       // [rows][H] BF16
+  const RowMeta* meta;     // [rows]
+  const u64* combine;      // [R] each rank's combine buffer [k][T_max][H] BF16
+  int rows, hidden, max_tokens;
+  int pad_;
+};
+
+struct CombineReduceParams {
+  const u16* combine;      // [k][T_max][H] BF16
+  const int* topk_idx;     // [T*k]
+  u16* y;                  // [T][H] BF16
+  int tokens, top_k, hidden, max_tokens;
+};
+
+// f32 -> BF16 bits, round to nearest even (NaN stays a quiet NaN), as the host's `half::bf16::from_f32`.
+__device__ __forceinline__ u16 bf16_rn(float f) {
+  u32 b = __float_as_uint(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return (u16)(b >> 16);
+}
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// E4M3 code times 2^(b-127) as BF16 (exact for every code and the scales the pools see).
+__device__ __forceinline__ u16 widen(u8 code, float scale) { return bf16_rn(fp::e4m3_decode(code) * scale); }
+
+__device__ __forceinline__ void dispatch(const DispatchParams& p) {
+  const int pair = blockIdx.x;
+  const int row = p.route[pair];
+  if (row < 0) return;
+  const int t = pair / p.top_k, j = pair - t * p.top_k;
+  const int owner = p.topk_idx[pair] / p.experts_per_rank;
+  const int h = p.hidden;
+  const u8* src = p.x + (size_t)t * h;
+  const u8* src_sf = p.x_sf + (size_t)t * (h / UF_G);
+#if UF_G == 128
+  u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
+  for (int c = threadIdx.x * 16; c < h; c += kThreads * 16)
+    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+  u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
+  for (int kb = threadIdx.x; kb < h / 128; kb += kThreads) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
+#else
+  u16* dst = reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h;
+  for (int c = threadIdx.x * 8; c < h; c += kThreads * 8) {
+    const uint2 q = *reinterpret_cast<const uint2*>(src + c);
+    const float scale = fp::ue8m0_decode(src_sf[c / UF_G]);
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const u32 word = i < 2 ? q.x : q.y;
+      const int s = (i & 1) * 16;
+      w[i] = (u32)widen((u8)(word >> s), scale) | ((u32)widen((u8)(word >> (s + 8)), scale) << 16);
+    }
+    *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+#endif
+  if (threadIdx.x == 0) {
+    RowMeta m;
+    m.rank = p.rank;
+    m.token = t;
+    m.slot = j;
+    m.weight = p.topk_w[pair];
+    reinterpret_cast<RowMeta*>(p.pool_meta[owner])[row] = m;
+  }
+}
+
+// Steps 2-3 of the contract for one pool row. A warp takes one group of G channels (G/32 per lane,
+// contiguous): h in f32 as the host computes it (IEEE division, exp rounded from double like the
+// host's libm expf, products in the contract's order, no FMA contraction), then the re-quantizer of
+// fp_formats.cuh's requantize_group<G> with the amax reduced over the warp (fmaxf is exact and order
+// free, so the bits are the same).
+__device__ __forceinline__ void swiglu(const SwigluParams& p) {
+  const int row = blockIdx.x;
+  const RowMeta m = p.meta[row];
+  if (m.token < 0) return;
+  constexpr int kPer = UF_G / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int inter = p.inter;
+  const u16* gate = p.l1_out + (size_t)row * 2 * inter;
+  const u16* up = gate + inter;
+  for (int grp = warp; grp < inter / UF_G; grp += kThreads / 32) {
+    const int c0 = grp * UF_G + lane * kPer;
+    float h[kPer];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      float g = bf16_to_f32(gate[c0 + i]), u = bf16_to_f32(up[c0 + i]);
+      if (p.has_clamp) {
+        g = fminf(g, p.clamp);
+        u = fminf(fmaxf(u, -p.clamp), p.clamp);
+      }
+      const float e = (float)exp(-(double)g);
+      const float silu = __fdiv_rn(g, __fadd_rn(1.0f, e));
+      h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
+      amax = fmaxf(amax, fabsf(h[i]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
+    const float inv = fp::pow2(127 - (int)biased);
+#if UF_G == 128
+    u32 word = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
+    *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + c0) = word;
+    if (lane == 0) p.l2_sf[(size_t)grp * p.sf_stride + row] = (u8)biased;
+#else
+    const float scale = fp::pow2((int)biased - 127);
+    u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + c0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) dst[i] = widen(fp::e4m3_encode(h[i] * inv), scale);
+#endif
+  }
+}
+
+__device__ __forceinline__ void combine_send(const CombineSendParams& p) {
+  const int row = blockIdx.x;
+  const RowMeta m = p.meta[row];
+  if (m.token < 0) return;
+  const u16* src = p.l2_out + (size_t)row * p.hidden;
+  u16* dst = reinterpret_cast<u16*>(p.combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
+  for (int c = threadIdx.x * 8; c < p.hidden; c += kThreads * 8)
+    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+}
+
+__device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
+  const int t = blockIdx.x;
+  for (int c = threadIdx.x * 8; c < p.hidden; c += kThreads * 8) {
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < p.top_k; ++j) {
+      if (p.topk_idx[t * p.top_k + j] < 0) continue;
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(p.combine + ((size_t)j * p.max_tokens + t) * p.hidden + c);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = __fadd_rn(acc[2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
+        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
+      }
+    }
+    u32 out[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = (u32)bf16_rn(acc[2 * i]) | ((u32)bf16_rn(acc[2 * i + 1]) << 16);
+    *reinterpret_cast<uint4*>(p.y + (size_t)t * p.hidden + c) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
+// Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
+static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
+static_assert(sizeof(SwigluParams) == 56, "SwigluParams layout");
+static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
+static_assert(sizeof(CombineReduceParams) == 40, "CombineReduceParams layout");
+
+}  // namespace unfused
+}  // namespace mm

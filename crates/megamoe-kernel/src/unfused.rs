@@ -1,0 +1,1106 @@
+//! The unfused MoE pipeline on one GPU of an expert-parallel world: dispatch → L1 GEMM → SwiGLU +
+//! re-quantization → L2 GEMM → combine, each its own launch (`cuda/sm90_unfused.cuh` for the glue,
+//! the grouped GEMM of [`crate::gemm`] for L1/L2). The ranks meet on the host between stages; this
+//! module knows no world: the caller exchanges [`PeerAddresses`] and expert counts (e.g. through
+//! `symm_mem::World::all_gather`) and synchronizes the ranks between the stages that write into a
+//! peer's memory ([`Pipeline::dispatch`], [`Pipeline::combine_send`]).
+//!
+//! Host-side bookkeeping (runs everywhere, tested without a GPU): [`expert_counts`] of a source
+//! rank, the owner's [`PoolPlan`] (expert offsets, multiples of [`POOL_ROW_ALIGN`] rows; inside an
+//! expert the rows of source rank 0 first, then rank 1, …, each in (token, slot) order), and the
+//! destination row of every (token, slot) pair of a source ([`routes`]).
+
+use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
+use fp_formats::Recipe;
+
+use crate::gemm::{DeviceWeights, GemmCore, GemmError, Pool, TOKEN_TILES, TilePlan};
+use crate::problem::POOL_ROW_ALIGN;
+use crate::transform::{BLOCK_K, GemmWeights};
+
+/// Threads per CTA of every glue kernel (`mm::unfused::kThreads`).
+const THREADS: u32 = 128;
+/// The largest GEMM token tile: g128 scale tables reach this far past the last used row.
+const MAX_TILE: usize = TOKEN_TILES[TOKEN_TILES.len() - 1];
+
+/// The glue kernels' source.
+pub const UNFUSED_SOURCE: (&str, &str) =
+    ("sm90_unfused.cu", include_str!("../cuda/sm90_unfused.cu"));
+/// The glue kernels' header.
+pub const UNFUSED_HEADER: (&str, &str) =
+    ("sm90_unfused.cuh", include_str!("../cuda/sm90_unfused.cuh"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnfusedError {
+    #[error(transparent)]
+    Cuda(#[from] cuda_rt::Error),
+    #[error(transparent)]
+    Gemm(#[from] GemmError),
+    #[error(transparent)]
+    Transform(#[from] crate::TransformError),
+    #[error(
+        "pool capacity: owner rank {rank} needs {rows} pool rows (experts padded to {POOL_ROW_ALIGN}), \
+         its pools hold {capacity}"
+    )]
+    Capacity {
+        rank: usize,
+        rows: usize,
+        capacity: usize,
+    },
+    #[error("rank {rank} has {tokens} tokens, the pipeline was built for at most {max} per rank")]
+    Tokens {
+        rank: usize,
+        tokens: usize,
+        max: usize,
+    },
+    #[error("`topk_idx`[{token}, {slot}] = {value} is not a global expert id in -1..{experts}")]
+    Expert {
+        token: usize,
+        slot: usize,
+        value: i64,
+        experts: usize,
+    },
+    #[error("{what}: {detail}")]
+    Shape { what: &'static str, detail: String },
+}
+
+/// The shape a [`Pipeline`] is built for; every rank of a world builds the same one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PipelineShape {
+    pub recipe: Recipe,
+    /// H.
+    pub hidden: usize,
+    /// I.
+    pub intermediate: usize,
+    /// E, experts over all ranks.
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub num_ranks: usize,
+    /// T_max: tokens per rank and forward.
+    pub max_tokens: usize,
+    /// Rows of each L1/L2 pool; [`PipelineShape::worst_case_pool_rows`] fits any routing.
+    pub pool_rows: usize,
+    /// SwiGLU clamp c.
+    pub clamp: Option<f32>,
+}
+
+impl PipelineShape {
+    /// The shape with pools that fit any routing of `max_tokens` tokens per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        recipe: Recipe,
+        hidden: usize,
+        intermediate: usize,
+        num_experts: usize,
+        top_k: usize,
+        num_ranks: usize,
+        max_tokens: usize,
+        clamp: Option<f32>,
+    ) -> Result<Self, UnfusedError> {
+        let shape = Self {
+            recipe,
+            hidden,
+            intermediate,
+            num_experts,
+            top_k,
+            num_ranks,
+            max_tokens,
+            pool_rows: 0,
+            clamp,
+        };
+        let shape = Self {
+            pool_rows: shape.worst_case_pool_rows(),
+            ..shape
+        };
+        shape.validate()?;
+        Ok(shape)
+    }
+
+    pub fn experts_per_rank(&self) -> usize {
+        self.num_experts / self.num_ranks
+    }
+
+    /// Every slot of every rank on one owner, each non-empty expert padded to 16 rows.
+    pub fn worst_case_pool_rows(&self) -> usize {
+        (self.num_ranks * self.max_tokens * self.top_k
+            + self.experts_per_rank() * (POOL_ROW_ALIGN - 1))
+            .next_multiple_of(POOL_ROW_ALIGN)
+    }
+
+    /// The g128 scale tables' row stride: every GEMM tile reads in bounds.
+    pub fn sf_stride(&self) -> usize {
+        (self.pool_rows + MAX_TILE).next_multiple_of(POOL_ROW_ALIGN)
+    }
+
+    /// Bytes per pool element: E4M3 for g128, BF16 for mx32.
+    pub fn act_elem(&self) -> usize {
+        match self.recipe {
+            Recipe::G128 => 1,
+            Recipe::Mx32 => 2,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), UnfusedError> {
+        let bad = |detail: String| {
+            Err(UnfusedError::Shape {
+                what: "pipeline shape",
+                detail,
+            })
+        };
+        if self.hidden == 0 || !self.hidden.is_multiple_of(BLOCK_K) {
+            return bad(format!(
+                "H = {} is not a positive multiple of 128",
+                self.hidden
+            ));
+        }
+        if self.intermediate == 0 || !self.intermediate.is_multiple_of(BLOCK_K) {
+            return bad(format!(
+                "I = {} is not a positive multiple of 128",
+                self.intermediate
+            ));
+        }
+        if self.num_ranks == 0
+            || self.num_experts == 0
+            || !self.num_experts.is_multiple_of(self.num_ranks)
+        {
+            return bad(format!(
+                "E = {} is not a positive multiple of R = {}",
+                self.num_experts, self.num_ranks
+            ));
+        }
+        if self.top_k == 0 {
+            return bad("top_k = 0".into());
+        }
+        if !self.pool_rows.is_multiple_of(POOL_ROW_ALIGN) {
+            return bad(format!(
+                "pool rows {} is not a multiple of {POOL_ROW_ALIGN}",
+                self.pool_rows
+            ));
+        }
+        let biggest = self.pool_rows.max(self.max_tokens * self.top_k) as u64
+            * (2 * self.intermediate).max(self.hidden) as u64;
+        if biggest >= i32::MAX as u64 * 16 || self.sf_stride() >= i32::MAX as usize {
+            return bad(format!(
+                "{} pool rows × {} channels do not fit the kernels' 32-bit indices",
+                self.pool_rows,
+                (2 * self.intermediate).max(self.hidden)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Valid (token, slot) pairs per global expert of one source rank; masked slots (−1) skipped.
+pub fn expert_counts(
+    topk_idx: &[i64],
+    top_k: usize,
+    num_experts: usize,
+) -> Result<Vec<u32>, UnfusedError> {
+    let mut counts = vec![0u32; num_experts];
+    for (i, &e) in topk_idx.iter().enumerate() {
+        if e == -1 {
+            continue;
+        }
+        if e < -1 || e >= num_experts as i64 {
+            return Err(UnfusedError::Expert {
+                token: i / top_k,
+                slot: i % top_k,
+                value: e,
+                experts: num_experts,
+            });
+        }
+        counts[e as usize] += 1;
+    }
+    Ok(counts)
+}
+
+/// One owner rank's pools: where each of its experts starts and how many rows it holds, and where
+/// each source rank's rows of each expert start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPlan {
+    pub owner: usize,
+    /// First row of each local expert (multiples of 16).
+    pub expert_offset: Vec<i32>,
+    /// Rows of each local expert.
+    pub expert_rows: Vec<i32>,
+    /// Rows in use, padding included: the end of the last non-empty expert, rounded up to 16.
+    pub rows: usize,
+    /// `[source rank][local expert]`: first row of that source's pairs of that expert.
+    pub source_base: Vec<Vec<i32>>,
+}
+
+impl PoolPlan {
+    /// The plan of `owner` from every source rank's [`expert_counts`] (`counts[src][global e]`);
+    /// refused with [`UnfusedError::Capacity`] when it needs more than `capacity` rows.
+    pub fn new(
+        counts: &[Vec<u32>],
+        owner: usize,
+        experts_per_rank: usize,
+        capacity: usize,
+    ) -> Result<Self, UnfusedError> {
+        let mut expert_offset = Vec::with_capacity(experts_per_rank);
+        let mut expert_rows = Vec::with_capacity(experts_per_rank);
+        let mut source_base = vec![Vec::with_capacity(experts_per_rank); counts.len()];
+        let mut next = 0usize;
+        for el in 0..experts_per_rank {
+            let e = owner * experts_per_rank + el;
+            let mut rows = 0usize;
+            for (src, c) in counts.iter().enumerate() {
+                source_base[src].push((next + rows) as i32);
+                rows += c[e] as usize;
+            }
+            expert_offset.push(next as i32);
+            expert_rows.push(rows as i32);
+            next = (next + rows).next_multiple_of(POOL_ROW_ALIGN);
+        }
+        if next > capacity {
+            return Err(UnfusedError::Capacity {
+                rank: owner,
+                rows: next,
+                capacity,
+            });
+        }
+        Ok(Self {
+            owner,
+            expert_offset,
+            expert_rows,
+            rows: next,
+            source_base,
+        })
+    }
+
+    /// Average rows of the experts that got any (0 when none did): picks the GEMM's token tile.
+    pub fn avg_rows_of_hit_experts(&self) -> f64 {
+        let hit: Vec<i32> = self
+            .expert_rows
+            .iter()
+            .copied()
+            .filter(|&r| r > 0)
+            .collect();
+        if hit.is_empty() {
+            0.0
+        } else {
+            hit.iter().map(|&r| r as f64).sum::<f64>() / hit.len() as f64
+        }
+    }
+}
+
+/// The destination pool row of every (token, slot) pair of source rank `src` (−1 for masked
+/// slots), given every owner's plan (`plans[owner]`). Pairs of one expert take consecutive rows
+/// in (token, slot) order.
+pub fn routes(
+    topk_idx: &[i64],
+    src: usize,
+    plans: &[PoolPlan],
+    experts_per_rank: usize,
+) -> Vec<i32> {
+    let mut cursor: Vec<Vec<i32>> = plans.iter().map(|p| p.source_base[src].clone()).collect();
+    topk_idx
+        .iter()
+        .map(|&e| {
+            if e < 0 {
+                return -1;
+            }
+            let e = e as usize;
+            let slot = &mut cursor[e / experts_per_rank][e % experts_per_rank];
+            let row = *slot;
+            *slot += 1;
+            row
+        })
+        .collect()
+}
+
+/// The source of one pool row (`mm::unfused::RowMeta`); `token < 0` marks padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowMeta {
+    pub rank: i32,
+    pub token: i32,
+    pub slot: i32,
+    pub weight: f32,
+}
+
+/// `mm::unfused::DispatchParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct DispatchParams {
+    x: u64,
+    x_sf: u64,
+    route: u64,
+    topk_idx: u64,
+    topk_w: u64,
+    pool_act: u64,
+    pool_sf: u64,
+    pool_meta: u64,
+    tokens: i32,
+    top_k: i32,
+    hidden: i32,
+    experts_per_rank: i32,
+    sf_stride: i32,
+    rank: i32,
+}
+
+/// `mm::unfused::SwigluParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct SwigluParams {
+    l1_out: u64,
+    meta: u64,
+    l2_act: u64,
+    l2_sf: u64,
+    rows: i32,
+    inter: i32,
+    sf_stride: i32,
+    has_clamp: i32,
+    clamp: f32,
+    pad: i32,
+}
+
+/// `mm::unfused::CombineSendParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct CombineSendParams {
+    l2_out: u64,
+    meta: u64,
+    combine: u64,
+    rows: i32,
+    hidden: i32,
+    max_tokens: i32,
+    pad: i32,
+}
+
+/// `mm::unfused::CombineReduceParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct CombineReduceParams {
+    combine: u64,
+    topk_idx: u64,
+    y: u64,
+    tokens: i32,
+    top_k: i32,
+    hidden: i32,
+    max_tokens: i32,
+}
+
+const _: () = {
+    assert!(size_of::<RowMeta>() == 16);
+    assert!(size_of::<DispatchParams>() == 88);
+    assert!(size_of::<SwigluParams>() == 56);
+    assert!(size_of::<CombineSendParams>() == 40);
+    assert!(size_of::<CombineReduceParams>() == 40);
+};
+
+/// The glue kernels' specialization for `recipe`.
+pub fn glue_spec(recipe: Recipe) -> KernelSpec {
+    KernelSpec::new(
+        format!("megamoe-kernel/sm90_unfused/{recipe}"),
+        UNFUSED_SOURCE,
+    )
+    .header(fp_formats::CUDA_HEADER)
+    .header(UNFUSED_HEADER)
+    .define("UF_G", recipe.group())
+    .no_spill()
+}
+
+/// Every glue specialization, for `cargo xtask kernels`.
+pub fn kernels() -> Vec<KernelSpec> {
+    [Recipe::G128, Recipe::Mx32].map(glue_spec).to_vec()
+}
+
+/// The four glue kernels of one recipe, loaded on one GPU.
+pub struct GlueKernels {
+    pub recipe: Recipe,
+    dispatch: Kernel,
+    swiglu: Kernel,
+    combine_send: Kernel,
+    combine_reduce: Kernel,
+}
+
+impl GlueKernels {
+    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe) -> Result<Self, UnfusedError> {
+        let arch = gpu.info().arch().unwrap_or(Arch::Sm90a);
+        let compiled = jit.compile(&glue_spec(recipe), arch)?;
+        let module = gpu.load_module(&compiled.cubin)?;
+        Ok(Self {
+            recipe,
+            dispatch: module.kernel("uf_dispatch")?,
+            swiglu: module.kernel("uf_swiglu")?,
+            combine_send: module.kernel("uf_combine_send")?,
+            combine_reduce: module.kernel("uf_combine_reduce")?,
+        })
+    }
+}
+
+/// Addresses of one rank's buffers that peers write into, as that rank's process sees them (one
+/// process: the same addresses are valid on every GPU with peer access).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddresses {
+    pub l1_act: u64,
+    pub l1_sf: u64,
+    pub meta: u64,
+    pub combine: u64,
+}
+
+impl PeerAddresses {
+    pub fn to_bytes(self) -> Vec<u8> {
+        [self.l1_act, self.l1_sf, self.meta, self.combine]
+            .iter()
+            .flat_map(|a| a.to_le_bytes())
+            .collect()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != 32 {
+            return None;
+        }
+        let word = |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap());
+        Some(Self {
+            l1_act: word(0),
+            l1_sf: word(1),
+            meta: word(2),
+            combine: word(3),
+        })
+    }
+}
+
+/// One rank's inputs on the device for one forward.
+struct Inputs {
+    tokens: usize,
+    topk_host: Vec<i64>,
+    x: CudaSlice<u8>,
+    x_sf: CudaSlice<u8>,
+    topk_idx: CudaSlice<i32>,
+    topk_w: CudaSlice<f32>,
+}
+
+/// Uploads `data`, or one `fill` element when it is empty (no zero-byte allocations).
+fn upload_nonempty<T: cuda_rt::cudarc::driver::DeviceRepr + Copy>(
+    gpu: &Gpu,
+    data: &[T],
+    fill: T,
+) -> Result<CudaSlice<T>, cuda_rt::Error> {
+    if data.is_empty() {
+        gpu.upload(&[fill])
+    } else {
+        gpu.upload(data)
+    }
+}
+
+/// `len.max(1)` elements poisoned with `0xff` bytes.
+fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    len: usize,
+) -> Result<CudaSlice<T>, cuda_rt::Error> {
+    let mut s = gpu.alloc_zeros::<T>(len.max(1))?;
+    gpu.memset(&mut s, 0xff)?;
+    Ok(s)
+}
+
+/// One rank's unfused pipeline: its transformed weights, its pools, its combine buffer, the peer
+/// tables, and a method per stage. Every stage is queued on the GPU's stream; [`Pipeline::stage_sync`]
+/// waits for it. The caller runs, on every rank in this order: [`Pipeline::set_inputs`] (+ the
+/// counts exchange and [`Pipeline::set_plans`]), [`Pipeline::reset_meta`], *sync + barrier*,
+/// [`Pipeline::dispatch`], *sync + barrier*, [`Pipeline::l1`], [`Pipeline::swiglu`],
+/// [`Pipeline::l2`], [`Pipeline::combine_send`], *sync + barrier*, [`Pipeline::combine_reduce`],
+/// [`Pipeline::download_y`].
+pub struct Pipeline {
+    pub shape: PipelineShape,
+    pub rank: usize,
+    glue: GlueKernels,
+    cores: Vec<Option<GemmCore>>,
+    w1: DeviceWeights,
+    w2: DeviceWeights,
+    l1_act: CudaSlice<u8>,
+    l1_sf: CudaSlice<u8>,
+    /// RowMeta `[pool_rows]` as 4 words each.
+    meta: CudaSlice<i32>,
+    l1_out: CudaSlice<u16>,
+    l2_act: CudaSlice<u8>,
+    l2_sf: CudaSlice<u8>,
+    l2_out: CudaSlice<u16>,
+    combine: CudaSlice<u16>,
+    y: CudaSlice<u16>,
+    /// `[4][R]`: l1_act, l1_sf, meta, combine of every rank.
+    peers: Option<CudaSlice<u64>>,
+    inputs: Option<Inputs>,
+    plan: Option<PoolPlan>,
+    route: Option<CudaSlice<i32>>,
+    offsets_dev: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
+}
+
+impl Pipeline {
+    /// Transformed weights `w1` (n = 2I, K = H) and `w2` (n = H, K = I) of this rank's experts, and
+    /// every buffer of `shape` (poisoned with 0xff bytes).
+    pub fn new(
+        gpu: &Gpu,
+        jit: &Jit,
+        shape: PipelineShape,
+        rank: usize,
+        w1: &GemmWeights,
+        w2: &GemmWeights,
+    ) -> Result<Self, UnfusedError> {
+        shape.validate()?;
+        let el = shape.experts_per_rank();
+        let (h, i) = (shape.hidden, shape.intermediate);
+        for (name, w, n, k) in [("w1", w1, 2 * i, h), ("w2", w2, h, i)] {
+            if w.recipe != shape.recipe || w.num_experts != el || w.n != n || w.k != k {
+                return Err(UnfusedError::Shape {
+                    what: name,
+                    detail: format!(
+                        "transformed for {} with {} experts of {}×{}, the pipeline needs {} with {el} of {n}×{k}",
+                        w.recipe, w.num_experts, w.n, w.k, shape.recipe
+                    ),
+                });
+            }
+        }
+        let rows = shape.pool_rows;
+        let elem = shape.act_elem();
+        let sf_len = |k: usize| match shape.recipe {
+            Recipe::G128 => k / BLOCK_K * shape.sf_stride(),
+            Recipe::Mx32 => 1,
+        };
+        Ok(Self {
+            shape,
+            rank,
+            glue: GlueKernels::new(gpu, jit, shape.recipe)?,
+            cores: TOKEN_TILES.iter().map(|_| None).collect(),
+            w1: DeviceWeights::upload(gpu, w1)?,
+            w2: DeviceWeights::upload(gpu, w2)?,
+            l1_act: poisoned(gpu, rows * h * elem)?,
+            l1_sf: poisoned(gpu, sf_len(h))?,
+            meta: poisoned(gpu, rows * 4)?,
+            l1_out: poisoned(gpu, rows * 2 * i)?,
+            l2_act: poisoned(gpu, rows * i * elem)?,
+            l2_sf: poisoned(gpu, sf_len(i))?,
+            l2_out: poisoned(gpu, rows * h)?,
+            combine: poisoned(gpu, shape.top_k * shape.max_tokens * h)?,
+            y: poisoned(gpu, shape.max_tokens * h)?,
+            peers: None,
+            inputs: None,
+            plan: None,
+            route: None,
+            offsets_dev: None,
+        })
+    }
+
+    /// This rank's buffers that peers write into.
+    pub fn addresses(&self, gpu: &Gpu) -> PeerAddresses {
+        let s = gpu.stream();
+        PeerAddresses {
+            l1_act: self.l1_act.device_ptr(s).0,
+            l1_sf: self.l1_sf.device_ptr(s).0,
+            meta: self.meta.device_ptr(s).0,
+            combine: self.combine.device_ptr(s).0,
+        }
+    }
+
+    /// Every rank's [`PeerAddresses`], by rank.
+    pub fn set_peers(&mut self, gpu: &Gpu, all: &[PeerAddresses]) -> Result<(), UnfusedError> {
+        if all.len() != self.shape.num_ranks {
+            return Err(UnfusedError::Shape {
+                what: "peer table",
+                detail: format!(
+                    "{} ranks, the shape has {}",
+                    all.len(),
+                    self.shape.num_ranks
+                ),
+            });
+        }
+        let table: Vec<u64> = [
+            all.iter().map(|a| a.l1_act).collect::<Vec<_>>(),
+            all.iter().map(|a| a.l1_sf).collect(),
+            all.iter().map(|a| a.meta).collect(),
+            all.iter().map(|a| a.combine).collect(),
+        ]
+        .concat();
+        self.peers = Some(gpu.upload(&table)?);
+        Ok(())
+    }
+
+    /// Poisons y, the combine buffer and the L1/L2 outputs again (tests: every element must be
+    /// rewritten by the next forward).
+    pub fn poison(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        gpu.memset(&mut self.y, 0xff)?;
+        gpu.memset(&mut self.combine, 0xff)?;
+        gpu.memset(&mut self.l1_out, 0xff)?;
+        gpu.memset(&mut self.l2_out, 0xff)?;
+        Ok(())
+    }
+
+    /// Uploads this rank's tokens: `x` E4M3 `[T][H]`, `x_sf` `[T][H/G]`, `topk_idx` `[T][k]`,
+    /// `topk_weights` `[T][k]`. Returns this rank's [`expert_counts`] for the exchange.
+    pub fn set_inputs(
+        &mut self,
+        gpu: &Gpu,
+        x: &[u8],
+        x_sf: &[u8],
+        topk_idx: &[i64],
+        topk_weights: &[f32],
+    ) -> Result<Vec<u32>, UnfusedError> {
+        let s = &self.shape;
+        let (h, k, g) = (s.hidden, s.top_k, s.recipe.group());
+        let tokens = x.len() / h;
+        if tokens > s.max_tokens {
+            return Err(UnfusedError::Tokens {
+                rank: self.rank,
+                tokens,
+                max: s.max_tokens,
+            });
+        }
+        for (what, len, want) in [
+            ("x", x.len(), tokens * h),
+            ("x_sf", x_sf.len(), tokens * h / g),
+            ("topk_idx", topk_idx.len(), tokens * k),
+            ("topk_weights", topk_weights.len(), tokens * k),
+        ] {
+            if len != want {
+                return Err(UnfusedError::Shape {
+                    what,
+                    detail: format!("{len} elements, {tokens} tokens need {want}"),
+                });
+            }
+        }
+        let counts = expert_counts(topk_idx, k, s.num_experts)?;
+        let idx32: Vec<i32> = topk_idx.iter().map(|&e| e as i32).collect();
+        self.inputs = Some(Inputs {
+            tokens,
+            topk_host: topk_idx.to_vec(),
+            x: upload_nonempty(gpu, x, 0)?,
+            x_sf: upload_nonempty(gpu, x_sf, 127)?,
+            topk_idx: upload_nonempty(gpu, &idx32, -1)?,
+            topk_w: upload_nonempty(gpu, topk_weights, 0.0)?,
+        });
+        Ok(counts)
+    }
+
+    /// Every owner's plan from every source's counts (`counts[src]`): this rank's routes and its
+    /// own expert table. Every rank computes every plan, so a capacity error is seen by all ranks
+    /// alike (none waits at a barrier for one that refused).
+    pub fn set_plans(&mut self, gpu: &Gpu, counts: &[Vec<u32>]) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let el = s.experts_per_rank();
+        if counts.len() != s.num_ranks || counts.iter().any(|c| c.len() != s.num_experts) {
+            return Err(UnfusedError::Shape {
+                what: "expert counts",
+                detail: format!(
+                    "{} ranks of {:?} counts, need {} of {}",
+                    counts.len(),
+                    counts.iter().map(Vec::len).collect::<Vec<_>>(),
+                    s.num_ranks,
+                    s.num_experts
+                ),
+            });
+        }
+        let plans = (0..s.num_ranks)
+            .map(|owner| PoolPlan::new(counts, owner, el, s.pool_rows))
+            .collect::<Result<Vec<_>, _>>()?;
+        let inputs = self.inputs.as_ref().expect("set_inputs before set_plans");
+        let route = routes(&inputs.topk_host, self.rank, &plans, el);
+        self.route = Some(upload_nonempty(gpu, &route, -1)?);
+        let own = plans[self.rank].clone();
+        self.offsets_dev = Some((
+            upload_nonempty(gpu, &own.expert_offset, 0)?,
+            upload_nonempty(gpu, &own.expert_rows, 0)?,
+        ));
+        self.plan = Some(own);
+        Ok(())
+    }
+
+    /// This rank's pool plan (after [`Pipeline::set_plans`]).
+    pub fn plan(&self) -> Option<&PoolPlan> {
+        self.plan.as_ref()
+    }
+
+    /// Marks every pool row as padding before the peers dispatch into it.
+    pub fn reset_meta(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        gpu.memset(&mut self.meta, 0xff)?;
+        Ok(())
+    }
+
+    /// Waits for this rank's queued stages.
+    pub fn stage_sync(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        gpu.synchronize()?;
+        Ok(())
+    }
+
+    /// Stage 1: this rank's (token, slot) rows into their owners' L1 pools (peer writes).
+    pub fn dispatch(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let inputs = self.inputs.as_ref().expect("set_inputs before dispatch");
+        let pairs = inputs.tokens * s.top_k;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let peers = self.peers.as_ref().expect("set_peers before dispatch");
+        let route = self.route.as_ref().expect("set_plans before dispatch");
+        let stream = gpu.stream();
+        let (peer_base, _g0) = peers.device_ptr(stream);
+        let r = s.num_ranks as u64;
+        let (x, _g1) = inputs.x.device_ptr(stream);
+        let (x_sf, _g2) = inputs.x_sf.device_ptr(stream);
+        let (route, _g3) = route.device_ptr(stream);
+        let (topk_idx, _g4) = inputs.topk_idx.device_ptr(stream);
+        let (topk_w, _g5) = inputs.topk_w.device_ptr(stream);
+        let params = DispatchParams {
+            x,
+            x_sf,
+            route,
+            topk_idx,
+            topk_w,
+            pool_act: peer_base,
+            pool_sf: peer_base + 8 * r,
+            pool_meta: peer_base + 16 * r,
+            tokens: inputs.tokens as i32,
+            top_k: s.top_k as i32,
+            hidden: s.hidden as i32,
+            experts_per_rank: s.experts_per_rank() as i32,
+            sf_stride: s.sf_stride() as i32,
+            rank: self.rank as i32,
+        };
+        // SAFETY: routes are rows below every owner's plan.rows <= pool_rows (checked by
+        // PoolPlan::new on every rank), the peer tables hold live buffers of `shape`.
+        unsafe {
+            self.glue
+                .dispatch
+                .launch(stream, LaunchConfig::linear(pairs as u32, THREADS))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    fn core(&mut self, gpu: &Gpu, jit: &Jit, bn: usize) -> Result<usize, UnfusedError> {
+        let slot = TOKEN_TILES
+            .iter()
+            .position(|&t| t == bn)
+            .expect("a listed tile");
+        if self.cores[slot].is_none() {
+            self.cores[slot] = Some(GemmCore::new(
+                gpu,
+                jit,
+                TilePlan::new(self.shape.recipe, bn)?,
+            )?);
+        }
+        Ok(slot)
+    }
+
+    /// The GEMM's token tile for this forward's pool.
+    pub fn tokens_per_tile(&self) -> usize {
+        TilePlan::tokens_per_tile_for(
+            self.plan
+                .as_ref()
+                .map_or(0.0, PoolPlan::avg_rows_of_hit_experts),
+        )
+    }
+
+    fn gemm(&mut self, gpu: &Gpu, jit: &Jit, second: bool) -> Result<(), UnfusedError> {
+        let plan = self.plan.as_ref().expect("set_plans before the GEMMs");
+        if plan.rows == 0 {
+            return Ok(());
+        }
+        let bn = self.tokens_per_tile();
+        let slot = self.core(gpu, jit, bn)?;
+        let plan = self.plan.as_ref().expect("plan");
+        let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
+        let (act, sf, weights, out) = if second {
+            (&self.l2_act, &self.l2_sf, &self.w2, &mut self.l2_out)
+        } else {
+            (&self.l1_act, &self.l1_sf, &self.w1, &mut self.l1_out)
+        };
+        let pool = Pool {
+            act,
+            act_sf: (self.shape.recipe == Recipe::G128).then_some(sf),
+            sf_stride: self.shape.sf_stride(),
+            rows: plan.rows,
+            expert_offset: &plan.expert_offset,
+            expert_rows: &plan.expert_rows,
+            expert_offset_dev: offsets_dev,
+            expert_rows_dev: rows_dev,
+        };
+        self.cores[slot]
+            .as_ref()
+            .expect("compiled")
+            .run(gpu, weights, &pool, out)?;
+        Ok(())
+    }
+
+    /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up).
+    pub fn l1(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
+        self.gemm(gpu, jit, false)
+    }
+
+    /// Stage 3: SwiGLU × top-k weight, re-quantized per G, into the L2 pool.
+    pub fn swiglu(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let rows = self.plan.as_ref().expect("set_plans before swiglu").rows;
+        if rows == 0 {
+            return Ok(());
+        }
+        let stream = gpu.stream();
+        let (l1_out, _g1) = self.l1_out.device_ptr(stream);
+        let (meta, _g2) = self.meta.device_ptr(stream);
+        let (l2_act, _g3) = self.l2_act.device_ptr_mut(stream);
+        let (l2_sf, _g4) = self.l2_sf.device_ptr_mut(stream);
+        let params = SwigluParams {
+            l1_out,
+            meta,
+            l2_act,
+            l2_sf,
+            rows: rows as i32,
+            inter: s.intermediate as i32,
+            sf_stride: s.sf_stride() as i32,
+            has_clamp: i32::from(s.clamp.is_some()),
+            clamp: s.clamp.unwrap_or(0.0),
+            pad: 0,
+        };
+        // SAFETY: rows <= pool_rows; every buffer is sized for pool_rows rows of `shape`.
+        unsafe {
+            self.glue
+                .swiglu
+                .launch(stream, LaunchConfig::linear(rows as u32, THREADS))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    /// Stage 4: `l2_out[row] = bf16(h_row · w2_eᵀ)`, `[rows][H]`.
+    pub fn l2(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
+        self.gemm(gpu, jit, true)
+    }
+
+    /// Stage 5a: every pool row's result into its source rank's combine buffer (peer writes).
+    pub fn combine_send(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let rows = self.plan.as_ref().expect("set_plans before combine").rows;
+        if rows == 0 {
+            return Ok(());
+        }
+        let stream = gpu.stream();
+        let peers = self.peers.as_ref().expect("set_peers before combine");
+        let (peer_base, _g0) = peers.device_ptr(stream);
+        let (l2_out, _g1) = self.l2_out.device_ptr(stream);
+        let (meta, _g2) = self.meta.device_ptr(stream);
+        let params = CombineSendParams {
+            l2_out,
+            meta,
+            combine: peer_base + 24 * s.num_ranks as u64,
+            rows: rows as i32,
+            hidden: s.hidden as i32,
+            max_tokens: s.max_tokens as i32,
+            pad: 0,
+        };
+        // SAFETY: every valid row's (rank, token, slot) came from a dispatch of a rank with at
+        // most max_tokens tokens and top_k slots; combine buffers are [top_k][max_tokens][H].
+        unsafe {
+            self.glue
+                .combine_send
+                .launch(stream, LaunchConfig::linear(rows as u32, THREADS))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    /// Stage 5b: `y[t] = bf16(Σ_j valid, in order, combine[j][t])`; masked-only tokens → 0.
+    pub fn combine_reduce(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let inputs = self.inputs.as_ref().expect("set_inputs before combine");
+        if inputs.tokens == 0 {
+            return Ok(());
+        }
+        let stream = gpu.stream();
+        let (combine, _g1) = self.combine.device_ptr(stream);
+        let (topk_idx, _g2) = inputs.topk_idx.device_ptr(stream);
+        let (y, _g3) = self.y.device_ptr_mut(stream);
+        let params = CombineReduceParams {
+            combine,
+            topk_idx,
+            y,
+            tokens: inputs.tokens as i32,
+            top_k: s.top_k as i32,
+            hidden: s.hidden as i32,
+            max_tokens: s.max_tokens as i32,
+        };
+        // SAFETY: tokens <= max_tokens; y is [max_tokens][H].
+        unsafe {
+            self.glue
+                .combine_reduce
+                .launch(stream, LaunchConfig::linear(inputs.tokens as u32, THREADS))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    /// This forward's `y`, BF16 bits `[T][H]`.
+    pub fn download_y(&self, gpu: &Gpu) -> Result<Vec<u16>, UnfusedError> {
+        let tokens = self.inputs.as_ref().map_or(0, |i| i.tokens);
+        let mut y = gpu.download(&self.y)?;
+        y.truncate(tokens * self.shape.hidden);
+        Ok(y)
+    }
+
+    /// Downloads this rank's pool rows' metadata (tests).
+    pub fn download_meta(&self, gpu: &Gpu) -> Result<Vec<RowMeta>, UnfusedError> {
+        let words: Vec<i32> = gpu.download(&self.meta)?;
+        Ok(bytemuck::cast_slice::<i32, RowMeta>(&words).to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_skip_masked_slots_and_refuse_bad_ids() {
+        let idx = [0, -1, 3, 3, 1, -1];
+        assert_eq!(expert_counts(&idx, 2, 4).unwrap(), vec![1, 1, 0, 2]);
+        let err = expert_counts(&[0, 4], 2, 4).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                UnfusedError::Expert {
+                    token: 0,
+                    slot: 1,
+                    value: 4,
+                    experts: 4
+                }
+            ),
+            "{err}"
+        );
+        assert!(matches!(
+            expert_counts(&[-2], 1, 4),
+            Err(UnfusedError::Expert { value: -2, .. })
+        ));
+    }
+
+    #[test]
+    fn pool_plan_pads_experts_to_16_and_orders_sources() {
+        // 2 ranks, 4 experts (2 per rank). Source 0: e0 ×3, e1 ×17, e3 ×1; source 1: e0 ×2, e3 ×16.
+        let counts = vec![vec![3, 17, 0, 1], vec![2, 0, 0, 16]];
+        let p0 = PoolPlan::new(&counts, 0, 2, 1024).unwrap();
+        assert_eq!(p0.expert_offset, vec![0, 16]);
+        assert_eq!(p0.expert_rows, vec![5, 17]);
+        assert_eq!(p0.rows, 48);
+        assert_eq!(p0.source_base, vec![vec![0, 16], vec![3, 33]]);
+        let p1 = PoolPlan::new(&counts, 1, 2, 1024).unwrap();
+        assert_eq!(p1.expert_offset, vec![0, 0]);
+        assert_eq!(p1.expert_rows, vec![0, 17]);
+        assert_eq!(p1.rows, 32);
+        assert_eq!(p1.source_base, vec![vec![0, 0], vec![0, 1]]);
+        assert!((p1.avg_rows_of_hit_experts() - 17.0).abs() < 1e-12);
+        assert_eq!(
+            PoolPlan::new(&[vec![0, 0, 0, 0]], 0, 4, 0).unwrap().rows,
+            0,
+            "no rows, no padding"
+        );
+    }
+
+    #[test]
+    fn capacity_overflow_is_a_typed_error() {
+        let err = PoolPlan::new(&[vec![20, 1]], 0, 2, 32).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                UnfusedError::Capacity {
+                    rank: 0,
+                    rows: 48,
+                    capacity: 32
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn routes_are_consecutive_per_expert_in_token_slot_order() {
+        // Source 1 of 2 ranks, 4 experts, k = 2.
+        let idx0 = [1i64, 0, 3, -1];
+        let idx1 = [0i64, 3, 0, 2, -1, 3];
+        let counts = vec![
+            expert_counts(&idx0, 2, 4).unwrap(),
+            expert_counts(&idx1, 2, 4).unwrap(),
+        ];
+        let plans: Vec<PoolPlan> = (0..2)
+            .map(|o| PoolPlan::new(&counts, o, 2, 1024).unwrap())
+            .collect();
+        // Owner 0: e0 = [src0 ×1, src1 ×2] rows 0..3; e1 = [src0 ×1] row 16.
+        // Owner 1: e2 = [src1 ×1] row 0; e3 = [src0 ×1, src1 ×2] rows 16..19.
+        assert_eq!(routes(&idx0, 0, &plans, 2), vec![16, 0, 16, -1]);
+        assert_eq!(routes(&idx1, 1, &plans, 2), vec![1, 17, 2, 0, -1, 18]);
+    }
+
+    #[test]
+    fn every_pair_gets_a_distinct_row_inside_its_expert() {
+        let (r, el, k, t) = (3usize, 5usize, 4usize, 37usize);
+        let e = r * el;
+        let idx: Vec<Vec<i64>> = (0..r)
+            .map(|s| {
+                (0..t * k)
+                    .map(|i| {
+                        let v = (i * 7 + s * 13) % (e + 3);
+                        if v >= e { -1 } else { v as i64 }
+                    })
+                    .collect()
+            })
+            .collect();
+        let counts: Vec<Vec<u32>> = idx
+            .iter()
+            .map(|x| expert_counts(x, k, e).unwrap())
+            .collect();
+        let cap = PipelineShape::new(Recipe::Mx32, 128, 128, e, k, r, t, None)
+            .unwrap()
+            .pool_rows;
+        let plans: Vec<PoolPlan> = (0..r)
+            .map(|o| PoolPlan::new(&counts, o, el, cap).unwrap())
+            .collect();
+        let mut seen = vec![vec![false; cap]; r];
+        for (s, x) in idx.iter().enumerate() {
+            for (&ex, &row) in x.iter().zip(&routes(x, s, &plans, el)) {
+                if ex < 0 {
+                    assert_eq!(row, -1);
+                    continue;
+                }
+                let (o, l) = (ex as usize / el, ex as usize % el);
+                let p = &plans[o];
+                let (off, n) = (p.expert_offset[l], p.expert_rows[l]);
+                assert!(row >= off && row < off + n, "row {row} outside expert {ex}");
+                assert!(!seen[o][row as usize], "row {row} of owner {o} twice");
+                seen[o][row as usize] = true;
+            }
+        }
+        for (o, p) in plans.iter().enumerate() {
+            let used = seen[o].iter().filter(|&&b| b).count();
+            assert_eq!(used as i32, p.expert_rows.iter().sum::<i32>());
+            assert!(p.expert_offset.iter().all(|&off| off % 16 == 0));
+            assert!(p.rows <= cap);
+        }
+    }
+
+    #[test]
+    fn shapes_are_validated() {
+        let ok = PipelineShape::new(Recipe::G128, 256, 128, 8, 2, 2, 7, Some(10.0)).unwrap();
+        assert_eq!(ok.pool_rows, (2 * 7 * 2 + 4 * 15usize).next_multiple_of(16));
+        assert_eq!(ok.sf_stride() % 16, 0);
+        assert!(ok.sf_stride() >= ok.pool_rows + MAX_TILE);
+        assert!(PipelineShape::new(Recipe::G128, 200, 128, 8, 2, 2, 7, None).is_err());
+        assert!(PipelineShape::new(Recipe::G128, 256, 128, 9, 2, 2, 7, None).is_err());
+        assert!(PipelineShape::new(Recipe::G128, 256, 128, 8, 0, 2, 7, None).is_err());
+        // T = 0 still has valid (empty) pools.
+        let empty = PipelineShape::new(Recipe::Mx32, 256, 128, 8, 2, 1, 0, None).unwrap();
+        assert_eq!(empty.pool_rows, 128);
+    }
+
+    #[test]
+    fn peer_addresses_round_trip() {
+        let a = PeerAddresses {
+            l1_act: 1,
+            l1_sf: 2 << 40,
+            meta: 3,
+            combine: u64::MAX,
+        };
+        assert_eq!(PeerAddresses::from_bytes(&a.to_bytes()), Some(a));
+        assert_eq!(PeerAddresses::from_bytes(&[0; 31]), None);
+    }
+}
