@@ -2,10 +2,12 @@
 //! ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the random
 //! problem generator ([`generate`]), the CPU reference of the numeric contract ([`reference`]),
 //! the CPU dataflow engine that runs the fused kernel's buffer protocol and scheduler on host
-//! threads ([`dataflow`]) and the comparison metrics ([`check`]). The `megamoe` CLI drives them.
+//! threads ([`dataflow`]), the CUDA backend (the unfused GPU pipeline on local GPUs, [`cuda`]) and
+//! the comparison metrics ([`check`]). The `megamoe` CLI drives them.
 
 pub mod check;
 pub mod config;
+pub mod cuda;
 pub mod dataflow;
 pub mod files;
 pub mod generate;

@@ -1,5 +1,5 @@
 //! The `megamoe` CLI: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
-//! a backend, `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
+//! a backend (cpu, cpu-dataflow, cuda), `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
 //! prints `moe_sched`'s per-rank plan of a preset.
 
 use anyhow::{Context, bail};
@@ -101,6 +101,9 @@ enum Backend {
     /// The fused kernel's dataflow on host threads: ranks over symmetric buffers, dispatch,
     /// wave-scheduled GEMM blocks, combine (bitwise equal to `cpu`).
     CpuDataflow,
+    /// The unfused GPU pipeline (dispatch, L1, SwiGLU, L2, combine as separate launches) on one
+    /// local GPU per rank.
+    Cuda,
 }
 
 /// `--clamp` value: `none` switches the clamp off.
@@ -130,6 +133,11 @@ fn main() -> anyhow::Result<()> {
             backend: Backend::Cpu,
             ..
         } => run_cpu(&dir),
+        Command::Run {
+            dir,
+            backend: Backend::Cuda,
+            ..
+        } => run_cuda(&dir),
         Command::Run {
             dir,
             backend: Backend::CpuDataflow,
@@ -306,6 +314,43 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
         compute.as_secs_f64(),
         flop / compute.as_secs_f64().max(1e-9) / 1e9,
         start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn run_cuda(dir: &Path) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let problem = files::read_problem(dir)?;
+    let (config, inputs) = (&problem.config, &problem.inputs);
+    let t = Instant::now();
+    let run = megamoe::cuda::forward_timed(&problem)?;
+    let compute = t.elapsed();
+    let pairs = routed_pairs(inputs);
+    let stages: Vec<String> = run
+        .iter()
+        .enumerate()
+        .map(|(r, (_, times))| {
+            let parts: Vec<String> = times
+                .stages()
+                .iter()
+                .map(|(name, d)| format!("{name} {:.3}", d.as_secs_f64() * 1e3))
+                .collect();
+            format!("rank {r}: {} ms", parts.join(", "))
+        })
+        .collect();
+    write_outputs(
+        dir,
+        config,
+        inputs.iter().map(|x| x.tokens),
+        run.into_iter().map(|(y, _)| y).collect(),
+    )?;
+    println!(
+        "cuda: y per rank {} (BF16), {pairs} routed pairs, {} GPU(s), unfused pipeline, first forward {:.3}s (JIT, weight transform and upload included), total {:.3}s\n{}",
+        y_shapes(config, inputs),
+        config.num_ranks,
+        compute.as_secs_f64(),
+        start.elapsed().as_secs_f64(),
+        stages.join("\n")
     );
     Ok(())
 }

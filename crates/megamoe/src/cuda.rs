@@ -1,0 +1,355 @@
+//! The CUDA backend: the unfused pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM →
+//! SwiGLU + re-quantization → L2 GEMM → combine, one launch each) on R local GPUs, one thread per
+//! rank over [`World::local`]. The ranks exchange buffer addresses once and expert counts per
+//! forward with `all_gather`, and meet at a host barrier after each stage that writes into a
+//! peer's memory (dispatch, combine). Bitwise equal to the CPU reference for the GEMM's rounding
+//! and the contract's epilogue order; accepted at calc_diff ≤ 1e-5 (DESIGN §1).
+
+use std::time::{Duration, Instant};
+
+use cuda_rt::{Gpu, Jit};
+use fp_formats::bf16;
+use megamoe_kernel::transform_weights;
+use megamoe_kernel::unfused::{PeerAddresses, Pipeline, PipelineShape, UnfusedError};
+use symm_mem::{World, WorldError};
+
+use crate::{Config, Problem, RankInputs, RankWeights};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error(
+        "the problem has {need} rank(s) but only {found} GPU(s) are present; the cuda backend runs one rank per local GPU"
+    )]
+    NotEnoughGpus { need: usize, found: usize },
+    #[error(transparent)]
+    Cuda(#[from] cuda_rt::Error),
+    #[error(transparent)]
+    World(#[from] WorldError),
+    #[error(transparent)]
+    Unfused(#[from] UnfusedError),
+    #[error(transparent)]
+    Transform(#[from] megamoe_kernel::TransformError),
+    #[error(transparent)]
+    Problem(#[from] crate::ProblemError),
+    #[error("rank {rank}: {source}")]
+    Rank {
+        rank: usize,
+        #[source]
+        source: Box<CudaError>,
+    },
+    #[error("rank {rank} refused its inputs (see its error); rank {me} stops too")]
+    PeerFailed { rank: usize, me: usize },
+    #[error("exchange: {0}")]
+    Exchange(String),
+}
+
+/// Wall time of each stage of one forward on one rank (each ends with a stream synchronize, the
+/// peer-writing ones with a host barrier too).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes {
+    /// Upload of the inputs, counts exchange, pool plans and routes.
+    pub route: Duration,
+    pub dispatch: Duration,
+    pub l1: Duration,
+    pub swiglu: Duration,
+    pub l2: Duration,
+    /// Combine send + barrier + reduce + download of y.
+    pub combine: Duration,
+}
+
+impl StageTimes {
+    pub fn total(&self) -> Duration {
+        self.route + self.dispatch + self.l1 + self.swiglu + self.l2 + self.combine
+    }
+
+    /// (name, time) of every stage, in order.
+    pub fn stages(&self) -> [(&'static str, Duration); 6] {
+        [
+            ("route", self.route),
+            ("dispatch", self.dispatch),
+            ("L1", self.l1),
+            ("swiglu", self.swiglu),
+            ("L2", self.l2),
+            ("combine", self.combine),
+        ]
+    }
+}
+
+/// The pipeline's shape for `config` with `max_tokens` tokens per rank.
+pub fn pipeline_shape(config: &Config, max_tokens: usize) -> Result<PipelineShape, CudaError> {
+    Ok(PipelineShape::new(
+        config.recipe,
+        config.hidden,
+        config.intermediate,
+        config.num_experts,
+        config.top_k,
+        config.num_ranks,
+        max_tokens,
+        config.clamp,
+    )?)
+}
+
+/// One rank of the CUDA backend: its world, its JIT and its pipeline (weights loaded).
+pub struct CudaRank<'w> {
+    world: &'w World,
+    jit: Jit,
+    pipe: Pipeline,
+    config: Config,
+}
+
+impl<'w> CudaRank<'w> {
+    /// Collective: transforms and uploads this rank's `weights`, allocates the pools for
+    /// `max_tokens` tokens per rank and exchanges buffer addresses with the other ranks.
+    pub fn new(
+        world: &'w World,
+        config: &Config,
+        max_tokens: usize,
+        weights: &RankWeights,
+    ) -> Result<Self, CudaError> {
+        Self::with_shape(world, config, pipeline_shape(config, max_tokens)?, weights)
+    }
+
+    /// [`CudaRank::new`] with an explicit shape (e.g. smaller pools than the worst case).
+    pub fn with_shape(
+        world: &'w World,
+        config: &Config,
+        shape: PipelineShape,
+        weights: &RankWeights,
+    ) -> Result<Self, CudaError> {
+        if world.num_ranks() != config.num_ranks {
+            return Err(CudaError::Exchange(format!(
+                "the world has {} ranks, the problem {}",
+                world.num_ranks(),
+                config.num_ranks
+            )));
+        }
+        weights.validate(config)?;
+        let (h, i, el) = (
+            config.hidden,
+            config.intermediate,
+            config.experts_per_rank(),
+        );
+        let w1 = transform_weights(config.recipe, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
+        let w2 = transform_weights(config.recipe, &weights.w2, &weights.w2_sf, el, h, i)?;
+        let gpu = world.local_gpu();
+        let jit = Jit::new()?;
+        let mut pipe = Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2)?;
+        let all = world.all_gather(&pipe.addresses(gpu).to_bytes())?;
+        let peers = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                PeerAddresses::from_bytes(b).ok_or_else(|| {
+                    CudaError::Exchange(format!("rank {r} sent {} address bytes", b.len()))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        pipe.set_peers(gpu, &peers)?;
+        gpu.synchronize()?;
+        Ok(Self {
+            world,
+            jit,
+            pipe,
+            config: *config,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        self.world.local_gpu()
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipe
+    }
+
+    /// Poisons y, the combine buffer and the GEMM outputs (tests).
+    pub fn poison(&mut self) -> Result<(), CudaError> {
+        let gpu = self.world.local_gpu();
+        self.pipe.poison(gpu)?;
+        gpu.synchronize()?;
+        Ok(())
+    }
+
+    /// Collective: one forward of this rank's `inputs`; returns y (BF16 `[T][H]`) and the stage times.
+    pub fn forward(&mut self, inputs: &RankInputs) -> Result<(Vec<bf16>, StageTimes), CudaError> {
+        let world = self.world;
+        let gpu = world.local_gpu();
+        let me = world.rank();
+        let mut times = StageTimes::default();
+        let mut clock = Instant::now();
+        let lap = |clock: &mut Instant| {
+            let d = clock.elapsed();
+            *clock = Instant::now();
+            d
+        };
+
+        // Stage 1a: counts; every rank learns whether all ranks accepted their inputs.
+        let counts = inputs
+            .validate(&self.config)
+            .map_err(CudaError::from)
+            .and_then(|()| {
+                Ok(self.pipe.set_inputs(
+                    gpu,
+                    &inputs.x,
+                    &inputs.x_sf,
+                    &inputs.topk_idx,
+                    &inputs.topk_weights,
+                )?)
+            });
+        let payload = match &counts {
+            Ok(c) => [&[0u8][..], bytemuck::cast_slice(c)].concat(),
+            Err(_) => vec![1u8],
+        };
+        let all = world.all_gather(&payload)?;
+        let counts = counts?;
+        let mut all_counts = Vec::with_capacity(all.len());
+        for (r, b) in all.iter().enumerate() {
+            if b.first() != Some(&0) {
+                return Err(CudaError::PeerFailed { rank: r, me });
+            }
+            if b.len() != 1 + 4 * counts.len() {
+                return Err(CudaError::Exchange(format!(
+                    "rank {r} sent {} count bytes, expected {}",
+                    b.len() - 1,
+                    4 * counts.len()
+                )));
+            }
+            all_counts.push(
+                b[1..]
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                    .collect::<Vec<u32>>(),
+            );
+        }
+        // Identical on every rank: a capacity error stops all of them here.
+        self.pipe.set_plans(gpu, &all_counts)?;
+        self.pipe.reset_meta(gpu)?;
+        self.pipe.stage_sync(gpu)?;
+        world.barrier()?;
+        times.route = lap(&mut clock);
+
+        self.pipe.dispatch(gpu)?;
+        self.pipe.stage_sync(gpu)?;
+        world.barrier()?;
+        times.dispatch = lap(&mut clock);
+
+        self.pipe.l1(gpu, &self.jit)?;
+        self.pipe.stage_sync(gpu)?;
+        times.l1 = lap(&mut clock);
+
+        self.pipe.swiglu(gpu)?;
+        self.pipe.stage_sync(gpu)?;
+        times.swiglu = lap(&mut clock);
+
+        self.pipe.l2(gpu, &self.jit)?;
+        self.pipe.stage_sync(gpu)?;
+        times.l2 = lap(&mut clock);
+
+        self.pipe.combine_send(gpu)?;
+        self.pipe.stage_sync(gpu)?;
+        world.barrier()?;
+        self.pipe.combine_reduce(gpu)?;
+        let y = self.pipe.download_y(gpu)?;
+        times.combine = lap(&mut clock);
+        Ok((y.into_iter().map(bf16::from_bits).collect(), times))
+    }
+}
+
+/// Runs `f` on every rank of a local world over GPUs `0..ranks`, one thread each; results by rank.
+/// Refused with [`CudaError::NotEnoughGpus`] when fewer GPUs are present.
+pub fn run_local<T: Send>(
+    ranks: usize,
+    f: impl Fn(&World) -> Result<T, CudaError> + Sync,
+) -> Result<Vec<T>, CudaError> {
+    let found = Gpu::count()?;
+    if found < ranks {
+        return Err(CudaError::NotEnoughGpus { need: ranks, found });
+    }
+    let ordinals: Vec<usize> = (0..ranks).collect();
+    let worlds = World::local(&ordinals)?;
+    let results: Vec<Result<T, CudaError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = worlds
+            .into_iter()
+            .map(|world| {
+                let f = &f;
+                s.spawn(move || {
+                    let rank = world.rank();
+                    let out = f(&world);
+                    // Peers may still write into this rank's buffers until every rank is done.
+                    if out.is_ok() {
+                        world.barrier()?;
+                    }
+                    out.map_err(|e| CudaError::Rank {
+                        rank,
+                        source: Box::new(e),
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank thread panicked"))
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// The whole problem on `problem.config.num_ranks` local GPUs: y of every rank.
+pub fn forward(problem: &Problem) -> Result<Vec<Vec<bf16>>, CudaError> {
+    Ok(forward_timed(problem)?
+        .into_iter()
+        .map(|(y, _)| y)
+        .collect())
+}
+
+/// [`forward`] with each rank's stage times.
+pub fn forward_timed(problem: &Problem) -> Result<Vec<(Vec<bf16>, StageTimes)>, CudaError> {
+    problem.validate()?;
+    let config = &problem.config;
+    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
+    run_local(config.num_ranks, |world| {
+        let r = world.rank();
+        let mut rank = CudaRank::new(world, config, max_tokens, &problem.weights[r])?;
+        rank.forward(&problem.inputs[r])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_ranks_than_gpus_is_an_error_not_a_panic() {
+        let config = Config::tiny().with_ranks(64);
+        let config = Config {
+            num_experts: 64,
+            ..config
+        };
+        let problem = crate::generate::problem(&crate::generate::GenOptions {
+            config,
+            tokens: 1,
+            seed: 1,
+            mask_fraction: 0.0,
+        });
+        let err = forward(&problem).expect_err("no machine here has 64 GPUs");
+        // No GPU: a driver error; fewer than 64: NotEnoughGpus.
+        assert!(!err.to_string().is_empty());
+        if let CudaError::NotEnoughGpus { need, .. } = err {
+            assert_eq!(need, 64);
+        }
+    }
+
+    #[test]
+    fn stage_times_add_up() {
+        let t = StageTimes {
+            route: Duration::from_micros(1),
+            dispatch: Duration::from_micros(2),
+            l1: Duration::from_micros(3),
+            swiglu: Duration::from_micros(4),
+            l2: Duration::from_micros(5),
+            combine: Duration::from_micros(6),
+        };
+        assert_eq!(t.total(), Duration::from_micros(21));
+        assert_eq!(t.stages()[2], ("L1", Duration::from_micros(3)));
+    }
+}
