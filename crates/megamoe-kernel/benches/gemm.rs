@@ -179,6 +179,7 @@ fn main() {
                 if let Some(ctas) = ctas {
                     plan = plan.with_ctas_per_sm(ctas);
                 }
+                plan = plan.with_row_base(layers.iter().all(|l| l.weights.row_base));
                 let core = GemmCore::new(&gpu, &jit, plan).unwrap();
                 let mut times = Vec::new();
                 let mut bytes_total = 0usize;

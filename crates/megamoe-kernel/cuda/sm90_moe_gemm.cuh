@@ -59,13 +59,15 @@ template <int BN, bool kG128, int kCtas>
 struct Layout {
   static constexpr int kActBytes = BN * 128 * (kG128 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
   static constexpr int kSfBytes = kG128 ? ((BN + 127) / 128) * 128 : 0;
-  static constexpr int kStageBytes = ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + 1023) / 1024) * 1024;
+  static constexpr int kSfFloatBytes = kG128 ? BN * 4 : 0;  // the scales as floats, by the converter warp
+  static constexpr int kStageBytes =
+      ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
-  // alignment slack, the stages, full/empty mbarriers, the decode tables (g128: 16 x 8 B fold
-  // tables; mx32: 256 x 16 B BF16 byte tables, one per scale byte)
+  // alignment slack, the stages, full/empty/scales-ready mbarriers, the decode tables (g128: 16 x 8 B
+  // fold tables; mx32: 256 x 16 B BF16 byte tables, one per scale byte)
   static constexpr int kTableBytes = 4096;
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8 + kTableBytes;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 3 * kStages * 8 + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
@@ -144,7 +146,9 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 // stage s+1 and the promotion of chunk c-1 run on the CUDA cores while the tensor core works on
 // chunk c. A chunk is the WGMMA work of one stage on kNsub tokens; fragments of two stages live
 // in registers (parity P = stage index & 1), g128 temp accumulators alternate between two sets.
-template <int BN, bool kG128, int kCtas>
+// kRowBase (g128): every k128 block of a weight row shares one fold base, so the promotion needs
+// only the token's scale and the base multiplies the finished row once (exact: a power of two).
+template <int BN, bool kG128, int kCtas, bool kRowBase>
 struct Consumer {
   using L = Layout<BN, kG128, kCtas>;
   // g128 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
@@ -158,6 +162,7 @@ struct Consumer {
   u8* smem;
   u64* full;
   u64* empty;
+  u64* scales_ready;                 // g128: the stage's scales are floats
   const fp::E4m3Table* fold_table;  // g128
   const Bf16Table* bf16_tables;      // mx32
   int cw, tid, lane, t, row_r;
@@ -173,12 +178,15 @@ struct Consumer {
   __device__ u8* stage_act(int s) const { return smem + s * L::kStageBytes; }
   __device__ const uint2* stage_codes(int s) const { return (const uint2*)(smem + s * L::kStageBytes + L::kActBytes); }
   __device__ const u32* stage_meta(int s) const { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); }
-  __device__ const u8* stage_sf(int s) const { return smem + s * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes; }
+  __device__ const float* stage_sf(int s) const {
+    return (const float*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes + L::kSfBytes);
+  }
 
   // Waits for the next stage and decodes its weight fragments into parity P.
   template <int P>
   __device__ __forceinline__ void load_stage() {
     mbar_wait(&full[stage], phase);
+    mbar_wait(&scales_ready[stage], phase);
     held[P] = stage;
     const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
     const uint2* codes = stage_codes(stage) + cw * 128 + tid;
@@ -244,22 +252,29 @@ struct Consumer {
     wg_commit();
   }
 
-  // g128: acc += temp set B (chunk h of parity P's stage) x act_scale[token] x base[row].
+  // g128: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
+  // base is per row).
   template <int P, int B>
   __device__ __forceinline__ void promote(int h) {
 #pragma unroll
     for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
-    const u8* sf = stage_sf(held[P]) + h * kNsub;
+    const float* sf = stage_sf(held[P]) + h * kNsub;
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
     for (int q = 0; q < kNsub / 8; ++q) {
-      const u32 two = *(const u16*)(sf + 8 * q + 2 * t);
-      const float s0 = ue8m0_to_float(two & 0xff), s1 = ue8m0_to_float(two >> 8);
+      const float2 sc = *(const float2*)(sf + 8 * q + 2 * t);
       float* out = acc + h * (kNsub / 2) + 4 * q;
-      out[0] = fmaf(tmp[B][4 * q + 0], s0 * base[P][0], out[0]);
-      out[1] = fmaf(tmp[B][4 * q + 1], s1 * base[P][0], out[1]);
-      out[2] = fmaf(tmp[B][4 * q + 2], s0 * base[P][1], out[2]);
-      out[3] = fmaf(tmp[B][4 * q + 3], s1 * base[P][1], out[3]);
+      if constexpr (kRowBase) {
+        out[0] = fmaf(tmp[B][4 * q + 0], sc.x, out[0]);
+        out[1] = fmaf(tmp[B][4 * q + 1], sc.y, out[1]);
+        out[2] = fmaf(tmp[B][4 * q + 2], sc.x, out[2]);
+        out[3] = fmaf(tmp[B][4 * q + 3], sc.y, out[3]);
+      } else {
+        out[0] = fmaf(tmp[B][4 * q + 0], sc.x * base[P][0], out[0]);
+        out[1] = fmaf(tmp[B][4 * q + 1], sc.y * base[P][0], out[1]);
+        out[2] = fmaf(tmp[B][4 * q + 2], sc.x * base[P][1], out[2]);
+        out[3] = fmaf(tmp[B][4 * q + 3], sc.y * base[P][1], out[3]);
+      }
     }
   }
 
@@ -311,6 +326,10 @@ struct Consumer {
         g128_stage<0>();
         g128_drain<0>();
       }
+      if constexpr (kRowBase) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] *= base[0][(i >> 1) & 1];
+      }
     } else {
       // Half-stage chunks: decode one half while the tensor core runs the other. Every wait is
       // unconditional so ptxas can see which fragment set is free.
@@ -337,7 +356,7 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kG128, int kCtas>
+template <int BN, bool kG128, int kCtas, bool kRowBase>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kG128, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
@@ -346,10 +365,11 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
   u64* empty = full + L::kStages;
+  u64* scales_ready = empty + L::kStages;
   // Decode tables, built once per CTA: one shared-memory load per row and k32 step instead of
   // a computation on the consumers' critical path.
-  fp::E4m3Table* fold_table = (fp::E4m3Table*)(empty + L::kStages);
-  Bf16Table* bf16_tables = (Bf16Table*)(empty + L::kStages);
+  fp::E4m3Table* fold_table = (fp::E4m3Table*)(scales_ready + L::kStages);
+  Bf16Table* bf16_tables = (Bf16Table*)(scales_ready + L::kStages);
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;
@@ -358,6 +378,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       mbar_init(&full[s], 1);
+      mbar_init(&scales_ready[s], 32);  // every lane of the converter warp
       mbar_init(&empty[s], 8);  // every consumer warp
     }
     fence_barrier_init();
@@ -401,14 +422,31 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
           if (++stage == L::kStages) { stage = 0; phase ^= 1; }
         }
       }
+    } else if (kG128 && threadIdx.x / 32 == 1) {
+      // ---- converter warp (g128): each stage's UE8M0 token scales -> floats, once for both
+      // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
+      const int lane = threadIdx.x % 32;
+      int stage = 0;
+      u32 phase = 0;
+      int e, nt, mb;
+      for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
+          mbar_wait(&full[stage], phase);
+          for (int i = lane; i < BN; i += 32) ((float*)(dst + L::kSfBytes))[i] = ue8m0_to_float(dst[i]);
+          mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
+          if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+        }
+      }
     }
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kG128, kCtas> c;
+    Consumer<BN, kG128, kCtas, kRowBase> c;
     c.smem = smem;
     c.full = full;
     c.empty = empty;
+    c.scales_ready = scales_ready;
     c.fold_table = fold_table;
     c.bf16_tables = bf16_tables;
     c.cw = wg - 1;  // which 64 rows of the tile

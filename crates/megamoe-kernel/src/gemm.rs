@@ -38,6 +38,13 @@ pub enum GemmError {
     TokenTile(usize),
     #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
     RecipeMismatch { core: Recipe, weights: Recipe },
+    #[error(
+        "the GEMM core is built for weights {core} one fold base per row, the weights have {weights} \
+         (TilePlan::with_row_base(weights.row_base))",
+        core = if *core { "with" } else { "without" },
+        weights = if *weights { "it" } else { "one base per k128 block" }
+    )]
+    RowBaseMismatch { core: bool, weights: bool },
     #[error("{what}: {detail}")]
     Pool { what: &'static str, detail: String },
 }
@@ -52,6 +59,8 @@ pub struct TilePlan {
     pub stage_bytes: usize,
     /// CTAs per SM (1 or 2); the grid is that many per SM.
     pub ctas_per_sm: usize,
+    /// g128: the weights have one fold base per row (`GemmWeights::row_base`); the default.
+    pub row_base: bool,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -64,7 +73,8 @@ impl TilePlan {
         }
         let bn = tokens_per_tile;
         let (act, sf) = match recipe {
-            Recipe::G128 => (bn * 128, bn.div_ceil(128) * 128),
+            // scale bytes (padded to 128) and the converter warp's floats
+            Recipe::G128 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
             Recipe::Mx32 => (bn * 128 * 2, 0),
         };
         let stage_bytes = (act + CODE_BYTES + 4 * TILE_ROWS + sf).next_multiple_of(1024);
@@ -79,6 +89,7 @@ impl TilePlan {
             stages: 0,
             stage_bytes,
             ctas_per_sm: 0,
+            row_base: recipe == Recipe::G128,
             probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm))
@@ -96,20 +107,29 @@ impl TilePlan {
         }
     }
 
-    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, two mbarriers a
+    /// The same tile for weights with (g128) or without one fold base per row.
+    pub fn with_row_base(self, row_base: bool) -> Self {
+        Self {
+            row_base: row_base && self.recipe == Recipe::G128,
+            ..self
+        }
+    }
+
+    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, three mbarriers a
     /// stage, 4 KiB of decode tables.
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.stages * self.stage_bytes + 16 * self.stages + 4096
+        1024 + self.stages * self.stage_bytes + 24 * self.stages + 4096
     }
 
     /// The JIT specialization.
     pub fn spec(&self) -> KernelSpec {
         let mut spec = KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}",
                 self.recipe,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
+                if self.row_base { "/rowbase" } else { "" },
                 if self.probe { "/probe" } else { "" }
             ),
             crate::GEMM_SOURCE,
@@ -120,6 +140,7 @@ impl TilePlan {
         .define("MM_STAGES", self.stages)
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)
+        .define("MM_ROW_BASE", u8::from(self.row_base))
         .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
         .no_spill();
@@ -147,8 +168,14 @@ pub fn kernels() -> Vec<KernelSpec> {
     [Recipe::G128, Recipe::Mx32]
         .into_iter()
         .flat_map(|recipe| {
-            TOKEN_TILES.map(move |bn| TilePlan::new(recipe, bn).expect("listed tile").spec())
+            TOKEN_TILES.map(move |bn| TilePlan::new(recipe, bn).expect("listed tile"))
         })
+        .flat_map(|plan| {
+            // g128 weights that do not fit one base per row take the per-block specialization.
+            let per_block = (plan.recipe == Recipe::G128).then(|| plan.with_row_base(false));
+            std::iter::once(plan).chain(per_block)
+        })
+        .map(|plan| plan.spec())
         .collect()
 }
 
@@ -174,6 +201,7 @@ pub struct DeviceWeights {
     pub num_experts: usize,
     pub n: usize,
     pub k: usize,
+    pub row_base: bool,
     codes: CudaSlice<u8>,
     meta: CudaSlice<u32>,
 }
@@ -185,6 +213,7 @@ impl DeviceWeights {
             num_experts: w.num_experts,
             n: w.n,
             k: w.k,
+            row_base: w.row_base,
             codes: gpu.upload(&w.codes)?,
             meta: gpu.upload(&w.meta)?,
         })
@@ -302,6 +331,12 @@ impl GemmCore {
             return Err(GemmError::RecipeMismatch {
                 core: self.plan.recipe,
                 weights: weights.recipe,
+            });
+        }
+        if weights.row_base != self.plan.row_base {
+            return Err(GemmError::RowBaseMismatch {
+                core: self.plan.row_base,
+                weights: weights.row_base,
             });
         }
         let elem = if self.plan.recipe == Recipe::G128 {

@@ -65,6 +65,8 @@ pub struct GemmWeights {
     pub n: usize,
     /// Reduction length: H for L1, I for L2.
     pub k: usize,
+    /// g128: every row has one fold base over all of K (see `transform_weights`).
+    pub row_base: bool,
     /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
     pub codes: Vec<u8>,
     /// `[E][n/128][k/128][128]`.
@@ -104,6 +106,21 @@ pub fn transform_weights(
     check_size("w", w.len(), num_experts, n, k / 2)?;
     check_size("w_sf", w_sf.len(), num_experts, n, k / 32)?;
     let (tiles, k_blocks) = (n / TILE_ROWS, k / BLOCK_K);
+    // g128: one fold base per row when every row's scales span at most 14 binades over all of K
+    // (the promotion then skips the base); otherwise a base per (row, k128 block).
+    let row_max: Option<Vec<u8>> = (recipe == Recipe::G128)
+        .then(|| {
+            let spans: Vec<(u8, u8)> = w_sf
+                .par_chunks(k / 32)
+                .map(|row| (*row.iter().min().unwrap(), *row.iter().max().unwrap()))
+                .collect();
+            let fits = spans.iter().all(|&(lo, hi)| {
+                i32::from(hi) - i32::from(lo) <= fold::MAX_OFFSET - fold::MIN_OFFSET
+                    && i32::from(hi) - fold::MAX_OFFSET >= 1
+            });
+            fits.then(|| spans.into_iter().map(|(_, hi)| hi).collect())
+        })
+        .flatten();
     let chunks = num_experts * tiles * k_blocks;
     let mut codes = vec![0u8; chunks * CODE_BYTES];
     let mut meta = vec![0u32; chunks * TILE_ROWS];
@@ -122,6 +139,7 @@ pub fn transform_weights(
                 e,
                 row0: tile * TILE_ROWS,
                 kb,
+                row_max: row_max.as_deref().map(|m| &m[e * n..][..n]),
             };
             block.write_meta(meta)?;
             block.write_codes(codes);
@@ -132,6 +150,7 @@ pub fn transform_weights(
         num_experts,
         n,
         k,
+        row_base: row_max.is_some(),
         codes,
         meta,
     })
@@ -168,6 +187,8 @@ struct Block<'a> {
     e: usize,
     row0: usize,
     kb: usize,
+    /// g128 with one base per row: each row's largest scale byte over all of K.
+    row_max: Option<&'a [u8]>,
 }
 
 impl Block<'_> {
@@ -220,8 +241,10 @@ impl Block<'_> {
                             bytes,
                         });
                     }
-                    // The largest sub-scale sits at +6; the base must stay a valid UE8M0 byte (>= 1).
-                    let base = i32::from(hi) - fold::MAX_OFFSET;
+                    // The largest sub-scale (of the block, or of the whole row) sits at +6; the
+                    // base must stay a valid UE8M0 byte (>= 1).
+                    let top = self.row_max.map_or(hi, |m| m[global_row]);
+                    let base = i32::from(top) - fold::MAX_OFFSET;
                     if base < 1 {
                         return Err(TransformError::ScaleRange {
                             expert: self.e,

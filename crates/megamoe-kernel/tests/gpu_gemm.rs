@@ -26,6 +26,9 @@ struct Case<'a> {
     n: usize,
     k: usize,
     seed: u64,
+    /// Push one k128 block of expert 0's row 0 down by 12 binades, so that (g128) no single fold
+    /// base fits the whole row and the per-block specialization runs.
+    wide_rows: bool,
 }
 
 /// Runs one case; returns (calc_diff over the checked rows, BF16 values that differ from the reference).
@@ -37,17 +40,29 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         n,
         k,
         seed,
+        wide_rows,
     } = case;
     let experts = expert_rows.len();
-    let weights = ExpertWeights::random(experts, n, k, seed);
+    let mut weights = ExpertWeights::random(experts, n, k, seed);
+    if wide_rows {
+        weights.w_sf[..4].iter_mut().for_each(|b| *b -= 12);
+    }
     let transformed = transform_weights(recipe, &weights.w, &weights.w_sf, experts, n, k).unwrap();
+    assert_eq!(
+        transformed.row_base,
+        recipe == Recipe::G128 && !wide_rows,
+        "fold base mode"
+    );
     let device_weights = DeviceWeights::upload(gpu, &transformed).unwrap();
     let pool = ActPool::random(recipe, expert_rows, k, seed + 1);
     let hit: Vec<usize> = expert_rows.iter().copied().filter(|&r| r > 0).collect();
     let bn = tokens_per_tile.unwrap_or_else(|| {
         TilePlan::tokens_per_tile_for(hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64)
     });
-    let core = GemmCore::new(gpu, jit, TilePlan::new(recipe, bn).unwrap()).unwrap();
+    let plan = TilePlan::new(recipe, bn)
+        .unwrap()
+        .with_row_base(transformed.row_base);
+    let core = GemmCore::new(gpu, jit, plan).unwrap();
 
     let sf_stride = pool.sf_stride(bn);
     let (act, act_sf) = match recipe {
@@ -114,8 +129,13 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         }
     }
     let diff = calc_diff(&got, &want);
+    let base = if plan.row_base {
+        "row base"
+    } else {
+        "block base"
+    };
     eprintln!(
-        "{recipe} bn {bn:>3} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
+        "{recipe} bn {bn:>3} {base} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
         got.len()
     );
     (diff, differ)
@@ -144,6 +164,7 @@ fn every_specialization_matches_the_reference() {
                     n: 256,
                     k: 384,
                     seed: bn as u64,
+                    wide_rows: false,
                 },
             );
             assert!(diff <= 1e-5, "{recipe} bn {bn}: calc_diff {diff:e}");
@@ -171,6 +192,7 @@ fn skewed_and_odd_shapes_match_the_reference() {
                     n,
                     k,
                     seed: 42,
+                    wide_rows: false,
                 },
             );
             assert!(
@@ -205,10 +227,33 @@ fn preset_shapes_match_the_reference() {
                         n,
                         k,
                         seed: 7,
+                        wide_rows: false,
                     },
                 );
                 assert!(diff <= 1e-5, "{recipe} {name} {layer}: calc_diff {diff:e}");
             }
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
+    let (gpu, jit) = setup();
+    for bn in [16, 128] {
+        let (diff, _) = run(
+            &gpu,
+            &jit,
+            Case {
+                recipe: Recipe::G128,
+                tokens_per_tile: Some(bn),
+                expert_rows: &[5, 140, 0, 33],
+                n: 256,
+                k: 512,
+                seed: 3,
+                wide_rows: true,
+            },
+        );
+        assert!(diff <= 1e-5, "g128 bn {bn} block base: calc_diff {diff:e}");
     }
 }
