@@ -202,9 +202,15 @@ fn refusals() {
         "{}",
         text(&out)
     );
+    let out = megamoe(&["run", s(&dir), "--backend", "gpu"]);
+    assert!(
+        !out.status.success() && text(&out).contains("invalid value 'gpu'"),
+        "{}",
+        text(&out)
+    );
     let out = megamoe(&["run", s(&dir), "--backend", "cuda"]);
     assert!(
-        !out.status.success() && text(&out).contains("invalid value 'cuda'"),
+        !out.status.success() && text(&out).contains("config.json"),
         "{}",
         text(&out)
     );
