@@ -67,7 +67,8 @@ struct Layout {
   // alignment slack, the stages, full/empty/scales-ready mbarriers, the decode tables (g128: 16 x 8 B
   // fold tables; mx32: 256 x 16 B BF16 byte tables, one per scale byte)
   static constexpr int kTableBytes = 4096;
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 3 * kStages * 8 + kTableBytes;
+  static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kBarrierBytes + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
@@ -368,8 +369,9 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   u64* scales_ready = empty + L::kStages;
   // Decode tables, built once per CTA: one shared-memory load per row and k32 step instead of
   // a computation on the consumers' critical path.
-  fp::E4m3Table* fold_table = (fp::E4m3Table*)(scales_ready + L::kStages);
-  Bf16Table* bf16_tables = (Bf16Table*)(scales_ready + L::kStages);
+  u8* tables = smem + L::kStages * L::kStageBytes + L::kBarrierBytes;
+  fp::E4m3Table* fold_table = (fp::E4m3Table*)tables;
+  Bf16Table* bf16_tables = (Bf16Table*)tables;
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;

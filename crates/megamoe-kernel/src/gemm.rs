@@ -116,9 +116,10 @@ impl TilePlan {
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, three mbarriers a
-    /// stage, 4 KiB of decode tables.
+    /// stage (padded to 16 B: the decode tables after them are read 16 B at a time), 4 KiB of
+    /// decode tables.
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.stages * self.stage_bytes + 24 * self.stages + 4096
+        1024 + self.stages * self.stage_bytes + (24 * self.stages).next_multiple_of(16) + 4096
     }
 
     /// The JIT specialization.
