@@ -4,7 +4,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..] [--ctas 1|2] [--probe]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..] [--ctas 1|2] [--k-split 1|2|4] [--probe]`
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
@@ -105,6 +105,8 @@ fn main() {
     let probe = std::env::args().any(|a| a == "--probe");
     // --ctas 1|2: CTAs per SM for every tile (default: the plan's choice).
     let ctas: Option<usize> = arg("--ctas").map(|c| c.parse().expect("--ctas 1|2"));
+    // --k-split 1|2|4: g128 promotions per k128 block (default: the plan's).
+    let k_split: Option<usize> = arg("--k-split").map(|c| c.parse().expect("--k-split 1|2|4"));
     let gpu = Gpu::open(0).expect("the benchmark needs a CUDA GPU");
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
@@ -180,6 +182,9 @@ fn main() {
                     plan = plan.with_ctas_per_sm(ctas);
                 }
                 plan = plan.with_row_base(layers.iter().all(|l| l.weights.row_base));
+                if let Some(k_split) = k_split {
+                    plan = plan.with_k_split(k_split);
+                }
                 let core = GemmCore::new(&gpu, &jit, plan).unwrap();
                 let mut times = Vec::new();
                 let mut bytes_total = 0usize;

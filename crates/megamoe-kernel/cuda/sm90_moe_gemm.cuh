@@ -149,13 +149,16 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 // in registers (parity P = stage index & 1), g128 temp accumulators alternate between two sets.
 // kRowBase (g128): every k128 block of a weight row shares one fold base, so the promotion needs
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
-template <int BN, bool kG128, int kCtas, bool kRowBase>
+// kKSplit (g128): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
+// of FP32's precision while it accumulates, so shorter runs between promotions are more accurate.
+template <int BN, bool kG128, int kCtas, bool kRowBase, int kKSplit>
 struct Consumer {
   using L = Layout<BN, kG128, kCtas>;
   // g128 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
   // 16 with two CTAs per SM (96 registers).
-  static constexpr int kNsub = !kG128 ? BN : kCtas == 2 ? 16 : (BN <= 64 ? BN : 64);
-  static constexpr int kChunks = BN / kNsub;
+  static constexpr int kNsub = !kG128 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
+  static constexpr int kChunks = BN / kNsub * kKSplit;  // chunk h: sub-tile h / kKSplit, k part h % kKSplit
+  static constexpr int kStepsPerChunk = 4 / kKSplit;     // k32 steps
   // Fragments per parity. g128: a whole stage (4 k32 steps x 4). mx32: half a stage (4 k16 steps
   // x 4); its two halves alternate between the parities.
   static constexpr int kAregs = 16;
@@ -247,9 +250,11 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
-    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[P]))) + h * kNsub * 8;
+    const int first = (h % kKSplit) * kStepsPerChunk;
+    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[P]))) + (h / kKSplit) * kNsub * 8;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) mma_fp8_rs<kNsub>(tmp[B], &a[P][4 * j], desc + 2 * j, j > 0);
+    for (int j = 0; j < kStepsPerChunk; ++j)
+      mma_fp8_rs<kNsub>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
     wg_commit();
   }
 
@@ -259,12 +264,12 @@ struct Consumer {
   __device__ __forceinline__ void promote(int h) {
 #pragma unroll
     for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
-    const float* sf = stage_sf(held[P]) + h * kNsub;
+    const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub;
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
     for (int q = 0; q < kNsub / 8; ++q) {
       const float2 sc = *(const float2*)(sf + 8 * q + 2 * t);
-      float* out = acc + h * (kNsub / 2) + 4 * q;
+      float* out = acc + (h / kKSplit) * (kNsub / 2) + 4 * q;
       if constexpr (kRowBase) {
         out[0] = fmaf(tmp[B][4 * q + 0], sc.x, out[0]);
         out[1] = fmaf(tmp[B][4 * q + 1], sc.y, out[1]);
@@ -357,7 +362,7 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kG128, int kCtas, bool kRowBase>
+template <int BN, bool kG128, int kCtas, bool kRowBase, int kKSplit>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kG128, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
@@ -444,7 +449,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kG128, kCtas, kRowBase> c;
+    Consumer<BN, kG128, kCtas, kRowBase, kKSplit> c;
     c.smem = smem;
     c.full = full;
     c.empty = empty;

@@ -25,6 +25,9 @@ const TWO_CTAS: [(Recipe, usize); 4] = [
     (Recipe::Mx32, 16),
     (Recipe::Mx32, 32),
 ];
+/// g128 promotions per k128 block by default: 2026-11-30, one per k128 left the whole pipeline at
+/// calc_diff 1.5–1.9e-5 on V4 shapes (the GEMM alone at 4.5e-7).
+const DEFAULT_K_SPLIT: usize = 2;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
 
@@ -61,6 +64,10 @@ pub struct TilePlan {
     pub ctas_per_sm: usize,
     /// g128: the weights have one fold base per row (`GemmWeights::row_base`); the default.
     pub row_base: bool,
+    /// g128: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
+    /// accumulates with less than FP32's precision, so more promotions track the contract's sum
+    /// more closely, at the cost of more promotion work.
+    pub k_split: usize,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -90,6 +97,7 @@ impl TilePlan {
             stage_bytes,
             ctas_per_sm: 0,
             row_base: recipe == Recipe::G128,
+            k_split: DEFAULT_K_SPLIT,
             probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm))
@@ -105,6 +113,12 @@ impl TilePlan {
             ctas_per_sm,
             ..self
         }
+    }
+
+    /// The same tile with `k_split` promotions per k128 block (g128).
+    pub fn with_k_split(self, k_split: usize) -> Self {
+        assert!(matches!(k_split, 1 | 2 | 4), "k_split {k_split}");
+        Self { k_split, ..self }
     }
 
     /// The same tile for weights with (g128) or without one fold base per row.
@@ -126,11 +140,16 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         let mut spec = KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}",
                 self.recipe,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
                 if self.row_base { "/rowbase" } else { "" },
+                if self.recipe == Recipe::G128 {
+                    format!("/k{}", 128 / self.k_split)
+                } else {
+                    String::new()
+                },
                 if self.probe { "/probe" } else { "" }
             ),
             crate::GEMM_SOURCE,
@@ -142,6 +161,14 @@ impl TilePlan {
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)
         .define("MM_ROW_BASE", u8::from(self.row_base))
+        .define(
+            "MM_KSPLIT",
+            if self.recipe == Recipe::G128 {
+                self.k_split
+            } else {
+                1
+            },
+        )
         .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
         .no_spill();
