@@ -9,7 +9,7 @@
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
-use megamoe_kernel::gemm::TOKEN_TILES;
+use megamoe_kernel::gemm::{TOKEN_TILES, token_tiles};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
 use megamoe_kernel::{DeviceWeights, GemmCore, Pool, TilePlan, transform_weights};
 use rand::{Rng, SeedableRng};
@@ -148,7 +148,10 @@ fn main() {
             let hit = rows.iter().filter(|&&r| r > 0).count();
             let pairs: usize = rows.iter().sum();
             let bns: Vec<usize> = if tiles == "auto" {
-                vec![TilePlan::tokens_per_tile_for(pairs as f64 / hit as f64)]
+                vec![TilePlan::tokens_per_tile_for(
+                    recipe,
+                    pairs as f64 / hit as f64,
+                )]
             } else {
                 tiles.split(',').map(|s| s.parse().unwrap()).collect()
             };
@@ -173,7 +176,10 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
-            for bn in bns.into_iter().filter(|bn| TOKEN_TILES.contains(bn)) {
+            for bn in bns
+                .into_iter()
+                .filter(|bn| token_tiles(recipe).contains(bn))
+            {
                 let mut plan = TilePlan {
                     probe,
                     ..TilePlan::new(recipe, bn).unwrap()

@@ -10,7 +10,17 @@ use fp_formats::Recipe;
 use crate::transform::{BLOCK_K, CODE_BYTES, GemmWeights, TILE_ROWS};
 
 /// Tokens per tile (the WGMMA N) the kernel is built for.
-pub const TOKEN_TILES: [usize; 4] = [16, 32, 64, 128];
+pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// The token tiles of one recipe: g128 keeps two temp accumulator sets besides the accumulators,
+/// which stops at 128 tokens; mx32 accumulates straight into them and goes to 256 (half the
+/// activation re-reads per tensor-core operation at large T).
+pub fn token_tiles(recipe: Recipe) -> &'static [usize] {
+    match recipe {
+        Recipe::G128 => &TOKEN_TILES[..4],
+        Recipe::Mx32 => &TOKEN_TILES,
+    }
+}
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
@@ -38,8 +48,8 @@ pub enum GemmError {
     Cuda(#[from] cuda_rt::Error),
     #[error(transparent)]
     Tma(#[from] cuda_rt::tma::TmaError),
-    #[error("tokens per tile {0} is not one of {TOKEN_TILES:?}")]
-    TokenTile(usize),
+    #[error("tokens per tile {tile} is not one of {recipe}'s {:?}", token_tiles(*recipe))]
+    TokenTile { recipe: Recipe, tile: usize },
     #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
     RecipeMismatch { core: Recipe, weights: Recipe },
     #[error(
@@ -76,8 +86,11 @@ pub struct TilePlan {
 
 impl TilePlan {
     pub fn new(recipe: Recipe, tokens_per_tile: usize) -> Result<Self, GemmError> {
-        if !TOKEN_TILES.contains(&tokens_per_tile) {
-            return Err(GemmError::TokenTile(tokens_per_tile));
+        if !token_tiles(recipe).contains(&tokens_per_tile) {
+            return Err(GemmError::TokenTile {
+                recipe,
+                tile: tokens_per_tile,
+            });
         }
         let bn = tokens_per_tile;
         let (act, sf) = match recipe {
@@ -183,12 +196,14 @@ impl TilePlan {
     /// that covers most experts in one block (moe-sched's covering rule), so few-token experts don't
     /// pay for idle tensor-core columns. Measured on H200 (2026-11-30): 16 at T = 8, 32 at T = 128,
     /// 64–128 at T = 512, 128 above, for V4-Pro's 48 experts.
-    pub fn tokens_per_tile_for(avg_rows: f64) -> usize {
+    pub fn tokens_per_tile_for(recipe: Recipe, avg_rows: f64) -> usize {
         let target = moe_sched::heuristics::covering_rows(avg_rows);
-        TOKEN_TILES
-            .into_iter()
+        let tiles = token_tiles(recipe);
+        tiles
+            .iter()
+            .copied()
             .find(|&bn| bn as f64 >= target)
-            .unwrap_or(TOKEN_TILES[TOKEN_TILES.len() - 1])
+            .unwrap_or(tiles[tiles.len() - 1])
     }
 }
 
@@ -197,7 +212,9 @@ pub fn kernels() -> Vec<KernelSpec> {
     [Recipe::G128, Recipe::Mx32]
         .into_iter()
         .flat_map(|recipe| {
-            TOKEN_TILES.map(move |bn| TilePlan::new(recipe, bn).expect("listed tile"))
+            token_tiles(recipe)
+                .iter()
+                .map(move |&bn| TilePlan::new(recipe, bn).expect("listed tile"))
         })
         .flat_map(|plan| {
             // g128 weights that do not fit one base per row take the per-block specialization.
@@ -470,15 +487,22 @@ mod tests {
     fn token_tiles_follow_the_measured_choice() {
         // V4-Pro per rank: 48 experts, top-6; average rows per expert = 6T/48.
         let avg = |t: f64| 6.0 * t / 48.0;
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(8.0)), 16);
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(128.0)), 32);
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0)), 128);
+        assert_eq!(TilePlan::tokens_per_tile_for(Recipe::G128, avg(8.0)), 16);
+        assert_eq!(TilePlan::tokens_per_tile_for(Recipe::G128, avg(128.0)), 32);
+        assert_eq!(
+            TilePlan::tokens_per_tile_for(Recipe::G128, avg(8192.0)),
+            128
+        );
+        assert_eq!(
+            TilePlan::tokens_per_tile_for(Recipe::Mx32, avg(8192.0)),
+            256
+        );
     }
 
     #[test]
     fn plans_fit_shared_memory_and_registers() {
         for recipe in [Recipe::G128, Recipe::Mx32] {
-            for bn in TOKEN_TILES {
+            for &bn in token_tiles(recipe) {
                 let plan = TilePlan::new(recipe, bn).unwrap();
                 let per_sm = plan.smem_bytes() * plan.ctas_per_sm;
                 assert!(
@@ -489,7 +513,7 @@ mod tests {
         }
         assert!(matches!(
             TilePlan::new(Recipe::G128, 48),
-            Err(GemmError::TokenTile(48))
+            Err(GemmError::TokenTile { tile: 48, .. })
         ));
     }
 }

@@ -563,7 +563,7 @@ impl Pipeline {
             shape,
             rank,
             glue: GlueKernels::new(gpu, jit, shape.recipe)?,
-            cores: TOKEN_TILES.iter().map(|_| None).collect(),
+            cores: (0..2 * TOKEN_TILES.len()).map(|_| None).collect(),
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
             l1_act: poisoned(gpu, rows * h * elem)?,
@@ -769,17 +769,27 @@ impl Pipeline {
         Ok(())
     }
 
-    fn core(&mut self, gpu: &Gpu, jit: &Jit, bn: usize) -> Result<usize, UnfusedError> {
-        let slot = TOKEN_TILES
+    fn core(
+        &mut self,
+        gpu: &Gpu,
+        jit: &Jit,
+        bn: usize,
+        layer_is_l1: bool,
+    ) -> Result<usize, UnfusedError> {
+        // One core per (tile, fold-base mode): w1 and w2 may differ in the latter.
+        let row_base = if layer_is_l1 {
+            self.w1.row_base
+        } else {
+            self.w2.row_base
+        };
+        let tile = TOKEN_TILES
             .iter()
             .position(|&t| t == bn)
             .expect("a listed tile");
+        let slot = 2 * tile + usize::from(row_base);
         if self.cores[slot].is_none() {
-            self.cores[slot] = Some(GemmCore::new(
-                gpu,
-                jit,
-                TilePlan::new(self.shape.recipe, bn)?,
-            )?);
+            let plan = TilePlan::new(self.shape.recipe, bn)?.with_row_base(row_base);
+            self.cores[slot] = Some(GemmCore::new(gpu, jit, plan)?);
         }
         Ok(slot)
     }
@@ -787,6 +797,7 @@ impl Pipeline {
     /// The GEMM's token tile for this forward's pool.
     pub fn tokens_per_tile(&self) -> usize {
         TilePlan::tokens_per_tile_for(
+            self.shape.recipe,
             self.plan
                 .as_ref()
                 .map_or(0.0, PoolPlan::avg_rows_of_hit_experts),
@@ -799,7 +810,7 @@ impl Pipeline {
             return Ok(());
         }
         let bn = self.tokens_per_tile();
-        let slot = self.core(gpu, jit, bn)?;
+        let slot = self.core(gpu, jit, bn, !second)?;
         let plan = self.plan.as_ref().expect("plan");
         let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
         let (act, sf, weights, out) = if second {

@@ -57,7 +57,10 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let pool = ActPool::random(recipe, expert_rows, k, seed + 1);
     let hit: Vec<usize> = expert_rows.iter().copied().filter(|&r| r > 0).collect();
     let bn = tokens_per_tile.unwrap_or_else(|| {
-        TilePlan::tokens_per_tile_for(hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64)
+        TilePlan::tokens_per_tile_for(
+            recipe,
+            hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64,
+        )
     });
     let plan = TilePlan::new(recipe, bn)
         .unwrap()
@@ -153,7 +156,7 @@ fn setup() -> (Gpu, Jit) {
 fn every_specialization_matches_the_reference() {
     let (gpu, jit) = setup();
     for recipe in [Recipe::G128, Recipe::Mx32] {
-        for bn in megamoe_kernel::gemm::TOKEN_TILES {
+        for &bn in megamoe_kernel::gemm::token_tiles(recipe) {
             let (diff, _) = run(
                 &gpu,
                 &jit,
