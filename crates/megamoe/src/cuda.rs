@@ -47,30 +47,41 @@ pub enum CudaError {
 /// peer-writing ones with a host barrier too).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimes {
-    /// Upload of the inputs, counts exchange, pool plans and routes.
+    /// Host side: validation of the inputs and their upload.
+    pub upload: Duration,
+    /// Counts exchange, pool plans and routes.
     pub route: Duration,
     pub dispatch: Duration,
     pub l1: Duration,
     pub swiglu: Duration,
     pub l2: Duration,
-    /// Combine send + barrier + reduce + download of y.
+    /// Combine send + barrier + reduce.
     pub combine: Duration,
+    /// Host side: the download of y.
+    pub download: Duration,
 }
 
 impl StageTimes {
     pub fn total(&self) -> Duration {
+        self.upload + self.device() + self.download
+    }
+
+    /// Everything but the host's upload of the inputs and download of y.
+    pub fn device(&self) -> Duration {
         self.route + self.dispatch + self.l1 + self.swiglu + self.l2 + self.combine
     }
 
     /// (name, time) of every stage, in order.
-    pub fn stages(&self) -> [(&'static str, Duration); 6] {
+    pub fn stages(&self) -> [(&'static str, Duration); 8] {
         [
+            ("upload", self.upload),
             ("route", self.route),
             ("dispatch", self.dispatch),
             ("L1", self.l1),
             ("swiglu", self.swiglu),
             ("L2", self.l2),
             ("combine", self.combine),
+            ("download", self.download),
         ]
     }
 }
@@ -196,6 +207,7 @@ impl<'w> CudaRank<'w> {
                     &inputs.topk_weights,
                 )?)
             });
+        times.upload = lap(&mut clock);
         let payload = match &counts {
             Ok(c) => [&[0u8][..], bytemuck::cast_slice(c)].concat(),
             Err(_) => vec![1u8],
@@ -249,8 +261,10 @@ impl<'w> CudaRank<'w> {
         self.pipe.stage_sync(gpu)?;
         world.barrier()?;
         self.pipe.combine_reduce(gpu)?;
-        let y = self.pipe.download_y(gpu)?;
+        self.pipe.stage_sync(gpu)?;
         times.combine = lap(&mut clock);
+        let y = self.pipe.download_y(gpu)?;
+        times.download = lap(&mut clock);
         Ok((y.into_iter().map(bf16::from_bits).collect(), times))
     }
 }
@@ -342,14 +356,17 @@ mod tests {
     #[test]
     fn stage_times_add_up() {
         let t = StageTimes {
+            upload: Duration::from_micros(7),
             route: Duration::from_micros(1),
             dispatch: Duration::from_micros(2),
             l1: Duration::from_micros(3),
             swiglu: Duration::from_micros(4),
             l2: Duration::from_micros(5),
             combine: Duration::from_micros(6),
+            download: Duration::from_micros(8),
         };
-        assert_eq!(t.total(), Duration::from_micros(21));
-        assert_eq!(t.stages()[2], ("L1", Duration::from_micros(3)));
+        assert_eq!(t.device(), Duration::from_micros(21));
+        assert_eq!(t.total(), Duration::from_micros(36));
+        assert_eq!(t.stages()[3], ("L1", Duration::from_micros(3)));
     }
 }
