@@ -23,19 +23,28 @@ const REPS: usize = 25;
 /// overlaps the previous launch instead of showing up as GPU idle time.
 const LAUNCHES_PER_SAMPLE: usize = 4;
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
-    arg(name)
-        .unwrap_or(default.into())
-        .split(',')
-        .map(|s| s.parse().ok().expect("bad list"))
-        .collect()
+/// Benchmark arguments; lists are comma-separated.
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, value_delimiter = ',', default_value = "8,128,512,2048,8192")]
+    tokens: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "g128,mx32")]
+    recipes: Vec<Recipe>,
+    /// Tokens per tile: `auto` (the plan's choice) or a list.
+    #[arg(long, default_value = "auto")]
+    tiles: String,
+    /// Time the load pipeline alone (consumers skip the math; outputs are not written).
+    #[arg(long)]
+    probe: bool,
+    /// CTAs per SM for every tile (default: the plan's choice).
+    #[arg(long)]
+    ctas: Option<usize>,
+    /// g128 promotions per k128 block (default: the plan's).
+    #[arg(long)]
+    k_split: Option<usize>,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 /// Rows per expert of a uniform random top-k routing (distinct experts per token).
@@ -98,16 +107,22 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    let tokens: Vec<usize> = list("--tokens", "8,128,512,2048,8192");
-    let recipes: Vec<Recipe> = list("--recipes", "g128,mx32");
-    let tiles = arg("--tiles").unwrap_or("auto".into());
-    // --probe: time the load pipeline alone (consumers skip the math; outputs are not written).
-    let probe = std::env::args().any(|a| a == "--probe");
-    // --ctas 1|2: CTAs per SM for every tile (default: the plan's choice).
-    let ctas: Option<usize> = arg("--ctas").map(|c| c.parse().expect("--ctas 1|2"));
-    // --k-split 1|2|4: g128 promotions per k128 block (default: the plan's).
-    let k_split: Option<usize> = arg("--k-split").map(|c| c.parse().expect("--k-split 1|2|4"));
-    let gpu = Gpu::open(0).expect("the benchmark needs a CUDA GPU");
+    let Args {
+        tokens,
+        recipes,
+        tiles,
+        probe,
+        ctas,
+        k_split,
+        ..
+    } = clap::Parser::parse();
+    let gpu = match Gpu::open(0) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!("the grouped-GEMM benchmark needs a CUDA GPU: {e}");
+            std::process::exit(2);
+        }
+    };
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
     println!(

@@ -14,25 +14,27 @@ use megamoe::generate::{self, GenOptions};
 use megamoe::{Config, RankWeights, Recipe};
 use megamoe_kernel::problem::ExpertWeights;
 
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
-    arg(name)
-        .unwrap_or(default.into())
-        .split(',')
-        .map(|s| s.parse().ok().expect("bad list"))
-        .collect()
+/// Benchmark arguments; lists are comma-separated.
+#[derive(clap::Parser)]
+struct Args {
+    #[arg(long, value_delimiter = ',', default_value = "8,128,8192")]
+    tokens: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "g128,mx32")]
+    recipes: Vec<Recipe>,
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn main() {
-    let tokens: Vec<usize> = list("--tokens", "8,128,8192");
-    let recipes: Vec<Recipe> = list("--recipes", "g128,mx32");
-    let reps: usize = arg("--reps").map_or(10, |r| r.parse().expect("--reps"));
+    let Args {
+        tokens,
+        recipes,
+        reps,
+        ..
+    } = clap::Parser::parse();
     let max_tokens = tokens.iter().copied().max().unwrap_or(0);
     match cuda_rt::Gpu::count() {
         Ok(n) if n >= 1 => {}
