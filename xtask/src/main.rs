@@ -5,6 +5,7 @@
 //! | `setup-cuda` | ensures a CUDA toolchain (`scripts/cuda-toolchain.sh`) and prints its environment |
 //! | `kernels` | compiles every registered kernel for sm_90a and sm_100a, prints the ptxas resource table, fails on a compile error or a spill in a `no_spill` kernel |
 //! | `test-gpu` | on a machine with a GPU: `cargo test --workspace -- --ignored` |
+//! | `test-multigpu` | the same on a machine with ≥ 2 GPUs, where a test that needs more GPUs than present fails instead of skipping |
 //! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with a `run.sh` for a GPU machine without Rust |
 //! | `ci` | the CI entry point: `setup-cuda`, `cargo test --workspace`, `kernels` |
 //! | `demo` | the main job: generate a problem, run it on the CPU backend, check it against `scripts/check_reference.py`; with a GPU, also the grouped-GEMM benchmark |
@@ -35,6 +36,15 @@ enum Cmd {
     Kernels(kernels::Args),
     /// Run the GPU tests (the `#[ignore = "needs a CUDA GPU"]` ones) here; needs a GPU.
     TestGpu {
+        /// Extra arguments for the test binaries, e.g. a name filter.
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+    /// Run the GPU tests on a machine with at least `--gpus` GPUs (default 2); no multi-GPU test
+    /// may skip. On a GPU machine without Rust: `MEGAMOE_REQUIRE_GPUS=2 .gpu-bundle/run.sh`.
+    TestMultigpu {
+        #[arg(long, default_value_t = 2)]
+        gpus: usize,
         /// Extra arguments for the test binaries, e.g. a name filter.
         #[arg(last = true)]
         test_args: Vec<String>,
@@ -72,7 +82,8 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::SetupCuda => run(&mut Command::new(root.join(toolchain::SCRIPT))),
         Cmd::Kernels(args) => kernels::run(&args),
-        Cmd::TestGpu { test_args } => test_gpu(&root, &test_args),
+        Cmd::TestGpu { test_args } => test_gpu(&root, &test_args, None),
+        Cmd::TestMultigpu { gpus, test_args } => test_gpu(&root, &test_args, Some(gpus)),
         Cmd::GpuBundle => bundle::build(&root),
         Cmd::Demo {
             preset,
@@ -159,7 +170,9 @@ fn python_env(root: &Path) -> Result<PathBuf> {
     Ok(python)
 }
 
-fn test_gpu(root: &Path, test_args: &[String]) -> Result<()> {
+/// The ignored (GPU) tests; with `require_gpus`, the machine must have that many GPUs and the tests
+/// are told so (`cuda_rt::testing::REQUIRE_GPUS_ENV`), so none of them can pass by skipping.
+fn test_gpu(root: &Path, test_args: &[String], require_gpus: Option<usize>) -> Result<()> {
     let devices = cuda_rt::Gpu::list().map_err(|e| {
         anyhow::anyhow!(
             "{e}\nthe GPU tests need a GPU: on a machine without one, build a bundle with \
@@ -172,7 +185,21 @@ fn test_gpu(root: &Path, test_args: &[String]) -> Result<()> {
             d.ordinal, d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
         );
     }
-    let env = toolchain::ensure(root)?;
+    if let Some(needed) = require_gpus {
+        if devices.len() < needed {
+            bail!(
+                "the multi-GPU tests need {needed} GPUs, this machine has {}",
+                devices.len()
+            );
+        }
+    }
+    let mut env = toolchain::ensure(root)?;
+    if let Some(needed) = require_gpus {
+        env.push((
+            cuda_rt::testing::REQUIRE_GPUS_ENV.into(),
+            needed.to_string(),
+        ));
+    }
     // One test at a time: the tests share the GPU(s) and some time themselves.
     run(cargo(root)
         .args(["test", "--workspace", "--", "--ignored", "--test-threads=1"])

@@ -23,13 +23,8 @@ fn gpu(ordinal: usize) -> Gpu {
     Gpu::open(ordinal).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
 }
 
-/// Prints the skip line and returns false when there are fewer than 2 GPUs.
 fn two_gpus() -> bool {
-    let count = Gpu::count().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    if count < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {count}");
-    }
-    count >= 2
+    cuda_rt::testing::gpus_or_skip(2)
 }
 
 fn kernels(gpu: &Gpu) -> TestKernels {

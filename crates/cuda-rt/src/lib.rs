@@ -23,6 +23,7 @@
 //! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
 //! | [`timing`] | [`GpuTimer`]: CUDA-event timing |
 //! | [`selftest`] | the kernels this crate tests itself with on a GPU |
+//! | [`testing`] | helpers for GPU tests: [`testing::gpus_or_skip`] |
 //! | [`CUDA_HEADER`] | `cuda/cuda_rt.cuh`: `CUtensorMap` for NVRTC-compiled kernels (cuda.h does not compile under NVRTC) |
 //!
 //! Device memory is cudarc's [`CudaSlice`]; this crate does not wrap it.
@@ -47,6 +48,7 @@ pub mod peer;
 pub mod ptxas;
 pub mod selftest;
 pub mod spec;
+pub mod testing;
 pub mod timing;
 pub mod tma;
 pub mod toolkit;

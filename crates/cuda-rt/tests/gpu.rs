@@ -268,9 +268,7 @@ fn tma_loads_tiles_and_zero_fills_past_the_edge() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn peer_access_lets_one_gpu_read_another() {
-    let count = Gpu::count().unwrap();
-    if count < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {count}");
+    if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
     let gpus = [gpu(0), gpu(1)];

@@ -5,17 +5,12 @@
 //! calc_diff ≤ 1e-5 with every element written and no NaN; the number of BF16 values that differ
 //! from the reference is printed (0 expected for mx32, a few at most for g128).
 
-use cuda_rt::Gpu;
 use megamoe::check::calc_diff;
 use megamoe::cuda::{CudaRank, run_local};
 use megamoe::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, Recipe, reference};
 
 const TOL: f64 = 1e-5;
-
-fn gpus() -> usize {
-    Gpu::count().expect("a CUDA driver")
-}
 
 /// The first `t` tokens of `inputs`.
 fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
@@ -238,8 +233,7 @@ fn v4_pro_shape_one_gpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tiny_two_gpus_token_sweep_both_recipes() {
-    if gpus() < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {}", gpus());
+    if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
     for recipe in [Recipe::Mx32, Recipe::G128] {
@@ -252,8 +246,7 @@ fn tiny_two_gpus_token_sweep_both_recipes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn two_gpus_skew_and_a_rank_without_tokens() {
-    if gpus() < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {}", gpus());
+    if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
     for recipe in [Recipe::Mx32, Recipe::G128] {
@@ -274,8 +267,7 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v4_pro_shape_two_gpus() {
-    if gpus() < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {}", gpus());
+    if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
     for recipe in [Recipe::Mx32, Recipe::G128] {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cuda_rt::{Gpu, Jit, KernelSpec, LaunchConfig};
+use cuda_rt::{Jit, KernelSpec, LaunchConfig};
 use symm_mem::world::{Rendezvous, is_test_rank, spawn_test_ranks};
 use symm_mem::{CUDA_HEADER, ProcessEnv, World, WorldError, spawn_ranks};
 
@@ -457,10 +457,6 @@ fn scatter_and_check(world: &World) {
     );
 }
 
-fn gpu_count() -> usize {
-    Gpu::count().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"))
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn local_world_of_one_gpu_allocates_and_round_trips() {
@@ -485,9 +481,7 @@ fn local_world_of_one_gpu_allocates_and_round_trips() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn local_world_ranks_see_each_others_writes() {
-    let count = gpu_count();
-    if count < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {count}");
+    if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
     let worlds = World::local(&[0, 1]).unwrap();
@@ -511,9 +505,7 @@ fn process_world_ranks_see_each_others_writes() {
         assert!(mismatch.to_string().contains("same size"), "{mismatch}");
         return;
     }
-    let count = gpu_count();
-    if count < 2 {
-        eprintln!("SKIP: needs 2 GPUs, found {count}");
+    if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
     let outputs =
