@@ -1,7 +1,8 @@
 //! `megamoe-kernel` owns the MegaMoE CUDA kernels and everything that is specific to them: the
 //! weight transforms from the canonical MXFP4 layout into each kernel's layout, the JIT
-//! specializations (`KernelSpec`s) and their launches. Today: the Hopper grouped GEMM
-//! (`cuda/sm90_moe_gemm.cuh`), one core per recipe, the engine of the unfused and fused pipelines.
+//! specializations (`KernelSpec`s) and their launches: the Hopper grouped GEMM
+//! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per recipe and the engine of the
+//! unfused and fused pipelines, and the unfused pipeline's glue kernels ([`unfused`]).
 
 pub mod gemm;
 pub mod problem;

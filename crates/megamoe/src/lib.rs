@@ -1,4 +1,4 @@
-//! `megamoe`: the MegaMoE facade. So far the CPU half: problem configs and presets
+//! `megamoe`: the MegaMoE facade: problem configs and presets
 //! ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the random
 //! problem generator ([`generate`]), the CPU reference of the numeric contract ([`reference`]),
 //! the CPU dataflow engine that runs the fused kernel's buffer protocol and scheduler on host
