@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One full run on a GPU machine without Rust, from a bundle made here by `cargo xtask gpu-bundle`:
-# the GPU tests (one line each), the grouped-GEMM benchmark, and the SASS instruction mix of every
+# the GPU tests (one line each), the benchmarks (grouped GEMM, barriers, `megamoe bench`), and the SASS instruction mix of every
 # GEMM specialization the run compiled. Everything is logged under $OUT (default ./gpu-out).
 #
 #   scripts/gpu-run.sh [TEST_FILTER] [BENCH_ARGS...]
@@ -28,6 +28,14 @@ fi
 if [[ -z "${SKIP_BENCH:-}" ]]; then
   for bench in "$bundle"/bench/*; do
     timeout 420 "$bench" "$@" 2>&1 | tee "$out/bench.$(basename "$bench").log" || status=1
+  done
+  # The whole pipeline at V4-Pro's per-rank shape (EP8: 48 experts per GPU), on 1 GPU and, where
+  # there are two, on 2.
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  for ranks in 1 2; do
+    (( ranks <= gpus )) || continue
+    timeout 420 "$bundle/bin/megamoe" bench --preset deepseek-v4-pro --ranks "$ranks" --experts $((48 * ranks)) \
+      --tokens 8,128,8192 --reps 5 2>&1 | tee "$out/pipeline.r$ranks.log" || status=1
   done
 fi
 # The instruction mix of each compiled GEMM: the tensor-core ops must be there, local memory must not.

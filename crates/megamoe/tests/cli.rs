@@ -222,3 +222,32 @@ fn refusals() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `bench` refuses bad shapes before touching a GPU, and without one says so instead of panicking.
+#[test]
+fn bench_refusals() {
+    let out = megamoe(&[
+        "bench",
+        "--preset",
+        "deepseek-v4-pro",
+        "--ranks",
+        "2",
+        "--experts",
+        "47",
+    ]);
+    assert!(
+        !out.status.success()
+            && text(&out).contains("E = 47 is not a positive multiple of num_ranks R = 2"),
+        "{}",
+        text(&out)
+    );
+    let out = megamoe(&["bench", "--preset", "tiny", "--tokens", "8", "--reps", "1"]);
+    if cuda_rt::Gpu::count().is_err() {
+        assert!(
+            !out.status.success() && text(&out).contains("driver"),
+            "{}",
+            text(&out)
+        );
+        assert!(!text(&out).contains("panicked"), "{}", text(&out));
+    }
+}

@@ -52,6 +52,34 @@ enum Command {
     },
     /// Print the per-rank plan of a preset: buffer size, block sizes, waves, bytes and FLOPs.
     Plan(PlanArgs),
+    /// Time the CUDA pipeline on local GPUs: per recipe and T, device time, TFLOPS, HBM and NVLink
+    /// GB/s of the plan's bytes, communication alone, each stage's share.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// One of: tiny, deepseek-v4-flash, deepseek-v4-pro, deepseek-v3.
+    #[arg(long, default_value = "deepseek-v4-pro")]
+    preset: String,
+    /// Ranks = local GPUs.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// Experts over all ranks (default: the preset's); `--experts 48 --ranks 1` is V4-Pro's
+    /// per-rank shape at EP8.
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Tokens per rank, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,128,8192")]
+    tokens: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "g128,mx32")]
+    recipes: Vec<Recipe>,
+    /// Timed forwards per point, after one warm-up.
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Print the rows as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -153,6 +181,7 @@ fn main() -> anyhow::Result<()> {
         ),
         Command::Check { a, b, tol } => check(&a, &b, tol),
         Command::Plan(args) => plan(&args),
+        Command::Bench(args) => bench(&args),
     }
 }
 
@@ -443,6 +472,49 @@ fn check(a: &Path, b: &Path, tol: f64) -> anyhow::Result<()> {
     );
     if !pass {
         std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let mut config = Config::preset(&args.preset)?.with_ranks(args.ranks);
+    if let Some(experts) = args.experts {
+        config.num_experts = experts;
+    }
+    config.validate()?;
+    let opts = megamoe::bench::BenchOptions {
+        config,
+        tokens: args.tokens.clone(),
+        recipes: args.recipes.clone(),
+        reps: args.reps.max(1),
+    };
+    let bar = ProgressBar::new((args.tokens.len() * args.recipes.len()) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
+    );
+    if !args.json {
+        bar.println(format!(
+            "{} on {} GPU(s): H {}, I {}, E {} ({} per rank), top-{}; median of {}",
+            args.preset,
+            config.num_ranks,
+            config.hidden,
+            config.intermediate,
+            config.num_experts,
+            config.experts_per_rank(),
+            config.top_k,
+            opts.reps
+        ));
+        bar.println(megamoe::bench::BenchRow::HEADER);
+    }
+    let rows = megamoe::bench::run(&opts, |row| {
+        if !args.json {
+            bar.println(row.to_string());
+        }
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())
 }

@@ -1,0 +1,207 @@
+//! `megamoe bench`: the unfused CUDA pipeline ([`crate::cuda`]) timed on R local GPUs for a preset,
+//! per recipe and tokens per rank, next to the bytes and FLOPs it must move and do
+//! (`moe_sched::Plan`, uniform routing): device-side time (everything but the host's upload of the
+//! inputs and download of y), TFLOPS = 2·pairs·H·3I / t, HBM GB/s of the plan's bytes, each
+//! stage's share, and on several ranks the communication stages alone (dispatch + combine) with the
+//! NVLink GB/s of the plan's pulled and written-back bytes.
+//!
+//! Weights are random MXFP4 codes (`ExpertWeights::random_codes`: realistic bytes without the cost
+//! of quantizing V4-Pro), inputs come from the generator, routing is uniform with no masking.
+
+use std::time::Duration;
+
+use megamoe_kernel::problem::ExpertWeights;
+use moe_sched::{Plan, PlanConfig};
+use serde::Serialize;
+
+use crate::cuda::{CudaError, CudaRank, StageTimes, run_local};
+use crate::generate::{self, GenOptions};
+use crate::{Config, RankWeights, Recipe};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub config: Config,
+    pub tokens: Vec<usize>,
+    pub recipes: Vec<Recipe>,
+    /// Timed forwards per point (after one warm-up).
+    pub reps: usize,
+}
+
+/// One measured point; times are medians over the reps, in microseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRow {
+    pub recipe: Recipe,
+    pub ranks: usize,
+    pub tokens_per_rank: usize,
+    /// Routed (token, slot) pairs of rank 0.
+    pub pairs: usize,
+    pub device_us: f64,
+    pub with_host_io_us: f64,
+    pub tflops: f64,
+    pub hbm_gbps: f64,
+    /// Dispatch + combine alone; with one rank this is local traffic only.
+    pub communication_us: f64,
+    /// The plan's NVLink bytes (pull + write-back) over `communication_us`; 0 on one rank.
+    pub nvlink_gbps: f64,
+    /// (stage, share of the mean total in %).
+    pub stage_shares: Vec<(String, f64)>,
+}
+
+/// Runs every (recipe, tokens) point; `progress` is called after each.
+pub fn run(
+    opts: &BenchOptions,
+    mut progress: impl FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>, CudaError> {
+    let ranks = opts.config.num_ranks;
+    let (h, i, el) = (
+        opts.config.hidden,
+        opts.config.intermediate,
+        opts.config.experts_per_rank(),
+    );
+    let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
+    let weights: Vec<RankWeights> = (0..ranks)
+        .map(|r| {
+            let w1 = ExpertWeights::random_codes(el, 2 * i, h, 2 * r as u64 + 1);
+            let w2 = ExpertWeights::random_codes(el, h, i, 2 * r as u64 + 2);
+            RankWeights {
+                w1: w1.w,
+                w1_sf: w1.w_sf,
+                w2: w2.w,
+                w2_sf: w2.w_sf,
+            }
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for &recipe in &opts.recipes {
+        let config = opts.config.with_recipe(recipe);
+        let inputs: Vec<Vec<_>> = opts
+            .tokens
+            .iter()
+            .map(|&t| {
+                let options = GenOptions {
+                    config,
+                    tokens: t,
+                    seed: 7 + t as u64,
+                    mask_fraction: 0.0,
+                };
+                (0..ranks)
+                    .map(|r| generate::rank_inputs(&options, r))
+                    .collect()
+            })
+            .collect();
+        // Every rank times every point; rank 0's times are reported (ranks meet at barriers).
+        let times = run_local(ranks, |world| {
+            let me = world.rank();
+            let mut rank = CudaRank::new(world, &config, max_tokens, &weights[me])?;
+            let mut out = Vec::new();
+            for point in &inputs {
+                rank.forward(&point[me])?; // warm-up: JIT of the GEMM tiles, first touch
+                let runs = (0..opts.reps)
+                    .map(|_| Ok(rank.forward(&point[me])?.1))
+                    .collect::<Result<Vec<_>, CudaError>>()?;
+                out.push(runs);
+            }
+            Ok(out)
+        })?;
+        for (point, runs) in inputs.iter().zip(&times[0]) {
+            let row = summarize(&config, recipe, &point[0], runs);
+            progress(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn summarize(
+    config: &Config,
+    recipe: Recipe,
+    inputs: &crate::RankInputs,
+    runs: &[StageTimes],
+) -> BenchRow {
+    let median = |f: &dyn Fn(&StageTimes) -> Duration| {
+        let mut v: Vec<Duration> = runs.iter().map(f).collect();
+        v.sort();
+        v[v.len() / 2].as_secs_f64()
+    };
+    let device = median(&StageTimes::device);
+    let with_io = median(&StageTimes::total);
+    let communication = median(&|t: &StageTimes| t.dispatch + t.combine);
+    let pairs = inputs.topk_idx.iter().filter(|&&e| e >= 0).count();
+    let flops = 2.0 * pairs as f64 * (config.hidden * 3 * config.intermediate) as f64;
+    let plan = Plan::new(PlanConfig {
+        act_scale_group: recipe.group() as u32,
+        ..PlanConfig::new(
+            config.hidden as u32,
+            config.intermediate as u32,
+            config.num_experts as u32,
+            config.top_k as u32,
+            config.num_ranks as u32,
+            inputs.tokens.max(1) as u32,
+        )
+    })
+    .ok();
+    let hbm = plan.as_ref().map_or(0.0, |p| p.hbm.total());
+    let nvlink = plan
+        .as_ref()
+        .filter(|_| config.num_ranks > 1)
+        .map_or(0.0, |p| p.nvlink.pull + p.nvlink.write_back);
+    let mean_total: f64 = runs
+        .iter()
+        .map(|r| r.total().as_secs_f64())
+        .sum::<f64>()
+        .max(1e-12);
+    let stage_shares = (0..runs[0].stages().len())
+        .map(|s| {
+            let sum: f64 = runs.iter().map(|r| r.stages()[s].1.as_secs_f64()).sum();
+            (runs[0].stages()[s].0.to_owned(), 100.0 * sum / mean_total)
+        })
+        .collect();
+    BenchRow {
+        recipe,
+        ranks: config.num_ranks,
+        tokens_per_rank: inputs.tokens,
+        pairs,
+        device_us: device * 1e6,
+        with_host_io_us: with_io * 1e6,
+        tflops: flops / device / 1e12,
+        hbm_gbps: hbm / device / 1e9,
+        communication_us: communication * 1e6,
+        nvlink_gbps: if communication > 0.0 {
+            nvlink / communication / 1e9
+        } else {
+            0.0
+        },
+        stage_shares,
+    }
+}
+
+impl BenchRow {
+    /// The table header matching [`BenchRow`]'s `Display`.
+    pub const HEADER: &str = "recipe  R      T  pairs |  device us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | stages";
+}
+
+impl std::fmt::Display for BenchRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shares: Vec<String> = self
+            .stage_shares
+            .iter()
+            .map(|(s, p)| format!("{s} {p:.0}%"))
+            .collect();
+        write!(
+            f,
+            "{:<6} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            self.recipe.name(),
+            self.ranks,
+            self.tokens_per_rank,
+            self.pairs,
+            self.device_us,
+            self.tflops,
+            self.hbm_gbps,
+            self.communication_us,
+            self.nvlink_gbps,
+            self.with_host_io_us,
+            shares.join(", ")
+        )
+    }
+}
