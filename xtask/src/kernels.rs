@@ -22,6 +22,12 @@ fn registry() -> Vec<KernelSpec> {
         KernelSpec::new("fp-formats/twin_test", fp_formats::TWIN_TEST_SOURCE)
             .header(fp_formats::CUDA_HEADER),
     );
+    specs.push(
+        KernelSpec::new("symm-mem/probe", symm_mem::PROBE_SOURCE).header(symm_mem::CUDA_HEADER),
+    );
+    specs.push(
+        KernelSpec::new("moe-sched/probe", moe_sched::PROBE_SOURCE).header(moe_sched::CUDA_HEADER),
+    );
     specs.extend(megamoe_kernel::kernels());
     specs.extend(barriers::kernels());
     // Add further crates here.

@@ -185,13 +185,13 @@ fn test_gpu(root: &Path, test_args: &[String], require_gpus: Option<usize>) -> R
             d.ordinal, d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
         );
     }
-    if let Some(needed) = require_gpus {
-        if devices.len() < needed {
-            bail!(
-                "the multi-GPU tests need {needed} GPUs, this machine has {}",
-                devices.len()
-            );
-        }
+    if let Some(needed) = require_gpus
+        && devices.len() < needed
+    {
+        bail!(
+            "the multi-GPU tests need {needed} GPUs, this machine has {}",
+            devices.len()
+        );
     }
     let mut env = toolchain::ensure(root)?;
     if let Some(needed) = require_gpus {

@@ -1,6 +1,7 @@
-//! Helpers for GPU tests (the `#[ignore = "needs a CUDA GPU"]` ones) shared by every crate.
+//! Helpers for GPU and NVRTC tests shared by every crate: the multi-GPU check, the JIT with the
+//! toolkit hint, a GPU with a spec's module loaded.
 
-use crate::Gpu;
+use crate::{Gpu, Jit, KernelSpec, Module};
 
 /// Environment variable: the number of GPUs a run promises (`cargo xtask test-multigpu` sets 2).
 /// Under it, a test that needs more GPUs than the machine has fails instead of skipping.
@@ -25,4 +26,27 @@ pub fn gpus_or_skip(needed: usize) -> bool {
     }
     eprintln!("SKIP: needs {needed} GPUs, found {found}");
     false
+}
+
+/// The JIT for tests: NVRTC from the project's toolkit, with the hint to install it when missing.
+pub fn jit() -> Jit {
+    Jit::new().unwrap_or_else(|e| {
+        panic!("{e}\nNVRTC tests need the CUDA toolkit: run scripts/cuda-toolchain.sh first")
+    })
+}
+
+/// GPU 0 and `spec` compiled for it and loaded (panics with the reason when either is missing).
+pub fn gpu_with_module(spec: &KernelSpec) -> (Gpu, Module) {
+    let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    let arch = gpu
+        .info()
+        .arch()
+        .expect("a GPU of an architecture the kernels are built for");
+    let compiled = jit()
+        .compile(spec, arch)
+        .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+    let module = gpu
+        .load_module(&compiled.cubin)
+        .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+    (gpu, module)
 }

@@ -5,28 +5,19 @@
 mod common;
 
 use common::{bf16_bits, input};
-use cuda_rt::{Gpu, Jit, KernelSpec, LaunchConfig};
+use cuda_rt::{KernelSpec, LaunchConfig};
 use fp_formats::{e2m1, e4m3, fold, quant, ue8m0};
 use rand::{Rng, SeedableRng};
 
-fn twin_module(gpu: &Gpu) -> cuda_rt::Module {
-    let arch = gpu.info().arch().expect("a GPU the kernels are built for");
-    let spec = KernelSpec::new("fp-formats/twin_test", fp_formats::TWIN_TEST_SOURCE)
+fn twin_spec() -> KernelSpec {
+    KernelSpec::new("fp-formats/twin_test", fp_formats::TWIN_TEST_SOURCE)
         .header(fp_formats::CUDA_HEADER)
-        .arches(&[arch]);
-    let compiled = Jit::new().unwrap().compile(&spec, arch).unwrap();
-    gpu.load_module(&compiled.cubin).unwrap()
-}
-
-fn gpu() -> Gpu {
-    Gpu::open(0).expect("this test needs a CUDA GPU")
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_code_matches_the_host() {
-    let gpu = gpu();
-    let module = twin_module(&gpu);
+    let (gpu, module) = cuda_rt::testing::gpu_with_module(&twin_spec());
     let mut e4m3_dec = gpu.alloc_zeros::<u32>(256).unwrap();
     let mut e4m3_enc = gpu.alloc_zeros::<u8>(256).unwrap();
     let mut e2m1_dec = gpu.alloc_zeros::<u32>(16).unwrap();
@@ -99,8 +90,7 @@ fn every_code_matches_the_host() {
 fn ten_million_random_values_match_the_host() {
     const N: usize = 10_000_000;
     const SEED: u64 = 0xD1CE_5EED;
-    let gpu = gpu();
-    let module = twin_module(&gpu);
+    let (gpu, module) = cuda_rt::testing::gpu_with_module(&twin_spec());
     let mut e4m3_out = gpu.alloc_zeros::<u8>(N).unwrap();
     let mut e2m1_out = gpu.alloc_zeros::<u8>(N).unwrap();
     let mut ceil_out = gpu.alloc_zeros::<u8>(N).unwrap();
@@ -171,8 +161,7 @@ fn quantizers_match_the_host() {
             (rng.random::<f32>() * 2.0 - 1.0) * block_scale * outlier
         })
         .collect();
-    let gpu = gpu();
-    let module = twin_module(&gpu);
+    let (gpu, module) = cuda_rt::testing::gpu_with_module(&twin_spec());
     let dx = gpu.upload(&x).unwrap();
     let n = rows * cols;
     let mut bufs: Vec<_> = [n, n / 32, n, n / 128, n / 2, n / 32, n, n / 32]
@@ -261,8 +250,7 @@ fn register_decode_matches_the_fold() {
     let offsets: Vec<i32> = (0..n)
         .map(|_| rng.random_range(fold::MIN_OFFSET..=fold::MAX_OFFSET))
         .collect();
-    let gpu = gpu();
-    let module = twin_module(&gpu);
+    let (gpu, module) = cuda_rt::testing::gpu_with_module(&twin_spec());
     let (dw, doff) = (gpu.upload(&words).unwrap(), gpu.upload(&offsets).unwrap());
     let mut out = gpu.alloc_zeros::<u32>(2 * n).unwrap();
     gpu.memset(&mut out, 0xFF).unwrap();

@@ -24,5 +24,8 @@ pub use pool::PoolLayout;
 pub use routing::RoutingStats;
 pub use wave::{Block, Layer, ScheduleShape, WaveSchedule, WorkerBlocks};
 
+/// Kernels that run the device twin in this crate's GPU tests (`cargo xtask kernels` compiles them).
+pub const PROBE_SOURCE: (&str, &str) = ("sched_probe.cu", include_str!("../cuda/sched_probe.cu"));
+
 /// The device twin of this crate, for the JIT's in-memory include tree.
 pub const CUDA_HEADER: (&str, &str) = ("scheduler.cuh", include_str!("../cuda/scheduler.cuh"));

@@ -1,66 +1,13 @@
-//! `scheduler.cuh` through NVRTC (no GPU needed, the CUDA toolkit is: see
-//! scripts/cuda-toolchain.sh), and on a GPU (ignored by default; `cargo xtask test-gpu`): every
+//! `scheduler.cuh` on a GPU (ignored by default; `cargo xtask test-gpu`; `cargo xtask kernels` compiles the
+//! probe for every target): every
 //! worker's walk, the interleave and the pool offsets computed on the device must equal the Rust
 //! model's.
 
-use cuda_rt::{Arch, Gpu, Jit, KernelSpec, LaunchConfig};
+use cuda_rt::{KernelSpec, LaunchConfig};
 use moe_sched::{CUDA_HEADER, ScheduleShape, WaveSchedule, peel_interleave};
 
-const PROBE: &str = r#"
-#include "scheduler.cuh"
-
-// One worker per thread; worker w writes its blocks as 5 words each to out[w * max_blocks * 5 ..]
-// and its block count to num_blocks[w].
-extern "C" __global__ void walk(const unsigned int* tokens, unsigned int num_local_experts,
-                                unsigned int num_experts_per_wave, unsigned int block_m,
-                                unsigned int l1_n_blocks, unsigned int l2_n_blocks,
-                                unsigned int max_blocks, unsigned int* out, unsigned int* num_blocks) {
-    const unsigned int worker = blockIdx.x * blockDim.x + threadIdx.x;
-    moe_sched::WaveScheduler scheduler;
-    scheduler.init(tokens, num_local_experts, num_experts_per_wave, block_m, l1_n_blocks, l2_n_blocks,
-                   worker, gridDim.x * blockDim.x);
-    moe_sched::Block block;
-    unsigned int n = 0;
-    while (scheduler.next(block)) {
-        if (n < max_blocks) {
-            unsigned int* o = out + (static_cast<unsigned long long>(worker) * max_blocks + n) * 5;
-            o[0] = block.layer;
-            o[1] = block.wave;
-            o[2] = block.local_expert;
-            o[3] = block.m_block;
-            o[4] = block.n_block;
-        }
-        ++n;
-    }
-    num_blocks[worker] = n;
-}
-
-// Thread s finds slot s's source; past the end it writes ~0.
-extern "C" __global__ void peel(const unsigned int* counts, unsigned int num_ranks, unsigned int num_slots,
-                                unsigned int* out) {
-    const unsigned int slot = blockIdx.x * blockDim.x + threadIdx.x;
-    if (slot >= num_slots) return;
-    unsigned int rank = ~0u, index = ~0u;
-    moe_sched::peel_interleave_slot(counts, num_ranks, slot, rank, index);
-    out[2 * slot] = rank;
-    out[2 * slot + 1] = index;
-}
-
-extern "C" __global__ void offsets(const unsigned int* tokens, unsigned int num_local_experts,
-                                   unsigned int block_m, unsigned long long* out) {
-    const unsigned int expert = threadIdx.x;
-    if (expert <= num_local_experts) out[expert] = moe_sched::pool_offset(tokens, expert, block_m);
-}
-"#;
-
 fn spec() -> KernelSpec {
-    KernelSpec::new("moe-sched/probe", ("sched_probe.cu", PROBE)).header(CUDA_HEADER)
-}
-
-fn jit() -> Jit {
-    Jit::new().unwrap_or_else(|e| {
-        panic!("{e}\nNVRTC tests need the CUDA toolkit: run scripts/cuda-toolchain.sh first")
-    })
+    KernelSpec::new("moe-sched/probe", moe_sched::PROBE_SOURCE).header(CUDA_HEADER)
 }
 
 /// Reproducible counts with zeros mixed in (xorshift64).
@@ -81,27 +28,9 @@ fn counts(len: usize, max: u32, seed: u64) -> Vec<u32> {
 }
 
 #[test]
-fn header_compiles_with_nvrtc_for_every_arch() {
-    let jit = jit();
-    for arch in Arch::ALL {
-        let compiled = jit
-            .compile(&spec(), arch)
-            .unwrap_or_else(|e| panic!("{arch}: {e}"));
-        assert!(
-            compiled.cubin.starts_with(b"\x7fELF"),
-            "{arch}: not a cubin"
-        );
-    }
-}
-
-#[test]
 #[ignore = "needs a CUDA GPU"]
 fn device_twin_matches_the_model() {
-    let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let arch = gpu.info().arch().expect("a supported GPU");
-    let module = gpu
-        .load_module(&jit().compile(&spec(), arch).unwrap().cubin)
-        .unwrap();
+    let (gpu, module) = cuda_rt::testing::gpu_with_module(&spec());
 
     // V4-Pro-like per-rank shapes: 48 local experts, 48 L1 and 56 L2 n-blocks, 2·132 workers.
     let walk = module.kernel("walk").unwrap();

@@ -23,5 +23,8 @@ pub use world::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 /// Most ranks a buffer can span (one NVL72 domain); the device view has one offset slot each.
 pub const MAX_RANKS: usize = 72;
 
+/// Kernels that run the device twin in this crate's GPU tests (`cargo xtask kernels` compiles them).
+pub const PROBE_SOURCE: (&str, &str) = ("symm_probe.cu", include_str!("../cuda/symm_probe.cu"));
+
 /// The device twin of [`device`], for the JIT's in-memory include tree.
 pub const CUDA_HEADER: (&str, &str) = ("symm_buffer.cuh", include_str!("../cuda/symm_buffer.cuh"));

@@ -1,66 +1,20 @@
-//! `symm_buffer.cuh` through NVRTC (no GPU needed, the CUDA toolkit is: see
-//! scripts/cuda-toolchain.sh), and on a GPU (ignored by default; `cargo xtask test-gpu`): the bytes
+//! `symm_buffer.cuh` on a GPU (ignored by default; `cargo xtask test-gpu`; `cargo xtask kernels` compiles the
+//! probe for every target): the bytes
 //! of a Rust `SymmBuffer`, read by the kernel as its own struct and mapped onto real allocations
 //! standing in for ranks, must land every store in the right buffer.
 
 use cuda_rt::cudarc::driver::DevicePtr;
-use cuda_rt::{Arch, Gpu, Jit, KernelSpec, LaunchConfig};
+use cuda_rt::{KernelSpec, LaunchConfig};
 use symm_mem::{CUDA_HEADER, SymmBuffer};
 
-const PROBE: &str = r#"
-#include "symm_buffer.cuh"
-
-// Thread r stores 256·rank + r + 1 at `offset` in rank r's buffer, reached from this rank's pointer; thread 0
-// also reports the fields and the struct size as the kernel sees them. The view comes through global
-// memory: cuda-rt's launcher passes at most 128 bytes by value.
-extern "C" __global__ void store_to_every_rank(const symm_mem::SymmBuffer* view_in_memory,
-                                               unsigned long long offset, unsigned long long* fields) {
-    const symm_mem::SymmBuffer view = *view_in_memory;
-    const unsigned int r = threadIdx.x;
-    if (r < view.num_ranks)
-        *view.map(view.at<unsigned int>(offset), r) = 256 * view.rank + r + 1;
-    if (r == 0) {
-        fields[0] = view.base;
-        fields[1] = view.rank;
-        fields[2] = view.num_ranks;
-        fields[3] = sizeof(symm_mem::SymmBuffer);
-        fields[4] = sizeof(symm_mem::TokenSrc);
-    }
-}
-"#;
-
 fn spec() -> KernelSpec {
-    KernelSpec::new("symm-mem/probe", ("symm_probe.cu", PROBE)).header(CUDA_HEADER)
-}
-
-fn jit() -> Jit {
-    Jit::new().unwrap_or_else(|e| {
-        panic!("{e}\nNVRTC tests need the CUDA toolkit: run scripts/cuda-toolchain.sh first")
-    })
-}
-
-#[test]
-fn header_compiles_with_nvrtc_for_every_arch() {
-    let jit = jit();
-    for arch in Arch::ALL {
-        let compiled = jit
-            .compile(&spec(), arch)
-            .unwrap_or_else(|e| panic!("{arch}: {e}"));
-        assert!(
-            compiled.cubin.starts_with(b"\x7fELF"),
-            "{arch}: not a cubin"
-        );
-    }
+    KernelSpec::new("symm-mem/probe", symm_mem::PROBE_SOURCE).header(CUDA_HEADER)
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn device_view_maps_onto_every_rank() {
-    let gpu = Gpu::open(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    let arch = gpu.info().arch().expect("a supported GPU");
-    let module = gpu
-        .load_module(&jit().compile(&spec(), arch).unwrap().cubin)
-        .unwrap();
+    let (gpu, module) = cuda_rt::testing::gpu_with_module(&spec());
     let kernel = module.kernel("store_to_every_rank").unwrap();
 
     // Five allocations on one GPU stand in for five ranks' buffers.
