@@ -50,3 +50,29 @@ pub fn gpu_with_module(spec: &KernelSpec) -> (Gpu, Module) {
         .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
     (gpu, module)
 }
+
+/// Builds a host program that includes a device twin (`.cuh` headers that also compile as plain
+/// C++) with g++ into `dir`, and returns its path. A missing compiler is a broken test machine,
+/// not a pass: it panics with the fix.
+pub fn build_host_twin(source: &std::path::Path, dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let exe = dir.join(source.file_stem().expect("a source file name"));
+    let build = std::process::Command::new("g++")
+        .args(["-std=c++17", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(source)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "g++ is needed to build {} (apt-get install g++): {e}",
+                source.display()
+            )
+        });
+    assert!(
+        build.status.success(),
+        "g++ failed on {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&build.stderr)
+    );
+    exe
+}

@@ -44,26 +44,9 @@ fn join(values: &[u32]) -> String {
 
 #[test]
 fn header_agrees_with_rust() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-sched-twin");
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("scheduler_host");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/twin/scheduler_host.cpp");
-    let build = match Command::new("g++")
-        .args(["-std=c++17", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .output()
-    {
-        Ok(out) => out,
-        // A missing compiler is a broken test machine, not a pass.
-        Err(e) => panic!(
-            "g++ is needed to build the host twin of scheduler.cuh (apt-get install g++): {e}"
-        ),
-    };
-    assert!(
-        build.status.success(),
-        "g++ failed:\n{}",
-        String::from_utf8_lossy(&build.stderr)
+    let exe = cuda_rt::testing::build_host_twin(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/twin/scheduler_host.cpp"),
+        &Path::new(env!("CARGO_TARGET_TMPDIR")).join("moe-sched-twin"),
     );
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

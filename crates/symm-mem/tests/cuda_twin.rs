@@ -10,25 +10,9 @@ use symm_mem::SymmBuffer;
 #[test]
 fn header_agrees_with_rust() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("symm-mem-twin");
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("symm_buffer_host");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/twin/symm_buffer_host.cpp");
-    let build = match Command::new("g++")
-        .args(["-std=c++17", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .output()
-    {
-        Ok(out) => out,
-        // A missing compiler is a broken test machine, not a pass.
-        Err(e) => panic!(
-            "g++ is needed to build the host twin of symm_buffer.cuh (apt-get install g++): {e}"
-        ),
-    };
-    assert!(
-        build.status.success(),
-        "g++ failed:\n{}",
-        String::from_utf8_lossy(&build.stderr)
+    let exe = cuda_rt::testing::build_host_twin(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/twin/symm_buffer_host.cpp"),
+        &dir,
     );
 
     let bases: Vec<u64> = (0..72u64)
