@@ -8,7 +8,7 @@
 //! | `test-multigpu` | the same on a machine with ≥ 2 GPUs, where a test that needs more GPUs than present fails instead of skipping |
 //! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with a `run.sh` for a GPU machine without Rust |
 //! | `ci` | the CI entry point: `setup-cuda`, `cargo test --workspace`, `kernels` |
-//! | `demo` | the main job: generate a problem, run it on the CPU backend, check it against `scripts/check_reference.py`; with a GPU, also the grouped-GEMM benchmark |
+//! | `demo` | the main job: generate a problem, run it on the CPU backend, check it against `scripts/check_reference.py`; with a GPU per rank, also the CUDA backend checked against the CPU and the grouped-GEMM benchmark |
 
 mod bundle;
 mod kernels;
@@ -55,7 +55,8 @@ enum Cmd {
     Ci,
     /// The main job: `megamoe gen` a problem (default: the tiny preset on 2 ranks), `megamoe run` it
     /// on the CPU backend and check it with the independent Python implementation of the contract;
-    /// on a machine with a GPU, also the grouped-GEMM benchmark.
+    /// on a machine with a GPU per rank, also `megamoe run --backend cuda` checked against the CPU's
+    /// y, and the grouped-GEMM benchmark.
     Demo {
         #[arg(long, default_value = "tiny")]
         preset: String,
@@ -115,6 +116,7 @@ fn demo(
             .args(args))
     };
     let dir_str = dir.to_string_lossy().into_owned();
+    let ranks_n = ranks;
     let (ranks, tokens) = (ranks.to_string(), tokens.to_string());
     megamoe(&[
         "gen",
@@ -138,12 +140,39 @@ fn demo(
         .arg(&dir)
         .args(["--tol", "1e-5"]))?;
     match cuda_rt::Gpu::list() {
-        Ok(gpus) => {
-            eprintln!("{} GPU(s): running the grouped-GEMM benchmark", gpus.len());
+        Ok(gpus) if gpus.len() >= ranks_n => {
+            // The same problem on the GPUs (the unfused pipeline), checked against the CPU's y.
+            let gpu_dir = dir.with_extension("cuda");
+            if gpu_dir.exists() {
+                std::fs::remove_dir_all(&gpu_dir)?;
+            }
+            std::fs::create_dir_all(&gpu_dir)?;
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                let name = path.file_name().context("file name")?.to_owned();
+                if !name.to_string_lossy().starts_with("y.") {
+                    std::fs::copy(&path, gpu_dir.join(name))?;
+                }
+            }
+            let gpu_str = gpu_dir.to_string_lossy().into_owned();
             let env = toolchain::ensure(root)?;
+            run(cargo(root)
+                .args(["run", "--quiet", "--release", "--package", "megamoe", "--"])
+                .args(["run", &gpu_str, "--backend", "cuda"])
+                .envs(env.clone()))?;
+            megamoe(&["check", &dir_str, &gpu_str, "--tol", "1e-5"])?;
+            eprintln!("{} GPU(s): the grouped-GEMM benchmark", gpus.len());
             run(cargo(root)
                 .args(["bench", "--package", "megamoe-kernel", "--bench", "gemm"])
                 .envs(env))
+        }
+        Ok(gpus) => {
+            eprintln!(
+                "{} GPU(s) for {ranks_n} ranks: the CPU backend ran; `--ranks {}` runs the GPU path here",
+                gpus.len(),
+                gpus.len()
+            );
+            Ok(())
         }
         Err(e) => {
             eprintln!("no GPU here ({e}): the CPU backend ran; the GPU path needs a CUDA GPU");
