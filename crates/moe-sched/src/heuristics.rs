@@ -26,6 +26,13 @@ pub const BLOCK_M_CANDIDATES: [u32; 6] = [16, 32, 64, 128, 192, 256];
 /// Width of an n-block in both layers: 2I/128 L1 n-blocks, H/128 L2 n-blocks.
 pub const DEFAULT_BLOCK_N: u32 = 128;
 
+/// L1 BLOCK_N (accumulator rows of 2I per block) for activation scale group `g`: an L1 block
+/// covers BLOCK_N/2 channels of h, and its epilogue must own whole re-quantization groups, so
+/// BLOCK_N ≥ 2G (256 for g128).
+pub const fn l1_block_n(block_n: u32, g: u32) -> u32 {
+    if 2 * g > block_n { 2 * g } else { block_n }
+}
+
 /// SMs of an H100/H200 SXM.
 pub const DEFAULT_NUM_SMS: u32 = 132;
 
@@ -113,6 +120,14 @@ pub fn choose_experts_per_wave(inputs: &WaveInputs) -> u32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn l1_blocks_hold_whole_requantization_groups() {
+        assert_eq!(l1_block_n(DEFAULT_BLOCK_N, 32), 128);
+        assert_eq!(l1_block_n(DEFAULT_BLOCK_N, 128), 256);
+        assert_eq!(l1_block_n(512, 128), 512);
+    }
+
     use super::*;
 
     #[test]

@@ -37,6 +37,7 @@ pub struct PlanConfig {
     pub num_sms: u32,
     /// G, 32 or 128.
     pub act_scale_group: u32,
+    /// L2 BLOCK_N, and L1's unless 2G is larger (`heuristics::l1_block_n`).
     pub block_n: u32,
 }
 
@@ -74,8 +75,13 @@ impl PlanConfig {
             num_topk: self.num_topk,
             act_scale_group: self.act_scale_group,
             block_ms: BlockMs::new(&BLOCK_M_CANDIDATES).expect("candidates are valid"),
-            l1_block_n: self.block_n,
+            l1_block_n: self.l1_block_n(),
         }
+    }
+
+    /// L1 BLOCK_N: whole re-quantization groups per L1 block.
+    pub fn l1_block_n(&self) -> u32 {
+        crate::heuristics::l1_block_n(self.block_n, self.act_scale_group)
     }
 }
 
@@ -149,7 +155,7 @@ impl Plan {
         let expected =
             expected_tokens_per_expert(c.tokens_per_rank, c.num_ranks, c.num_topk, c.num_experts);
         let block_m = choose_block_m(expected);
-        let l1_n_blocks = 2 * c.intermediate / c.block_n;
+        let l1_n_blocks = 2 * c.intermediate / c.l1_block_n();
         let l2_n_blocks = c.hidden / c.block_n;
         let num_experts_per_wave = choose_experts_per_wave(&WaveInputs {
             num_local_experts,
@@ -270,8 +276,11 @@ impl fmt::Display for Plan {
             f,
             "BLOCK_N",
             format!(
-                "{}: {} L1 n-blocks (2I), {} L2 n-blocks (H)",
-                c.block_n, s.l1_n_blocks, s.l2_n_blocks
+                "L1 {}: {} n-blocks (2I); L2 {}: {} n-blocks (H)",
+                c.l1_block_n(),
+                s.l1_n_blocks,
+                c.block_n,
+                s.l2_n_blocks
             ),
         )?;
         row(

@@ -45,15 +45,10 @@ use world::{RankThread, World};
 /// Width of an L2 n-block (output columns of H).
 pub const L2_BLOCK_N: u32 = DEFAULT_BLOCK_N;
 
-/// L1 BLOCK_N (accumulator rows of 2I per block) for a recipe: an L1 block covers BLOCK_N/2
-/// channels of h, whole groups of G.
+/// L1 BLOCK_N (accumulator rows of 2I per block) for a recipe: moe-sched's rule, whole
+/// re-quantization groups per L1 block.
 pub const fn l1_block_n(recipe: Recipe) -> u32 {
-    let two_g = 2 * recipe.group() as u32;
-    if two_g > DEFAULT_BLOCK_N {
-        two_g
-    } else {
-        DEFAULT_BLOCK_N
-    }
+    moe_sched::heuristics::l1_block_n(DEFAULT_BLOCK_N, recipe.group() as u32)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
