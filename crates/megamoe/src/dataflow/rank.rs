@@ -5,7 +5,7 @@
 //! mask; a global barrier; every thread combines its share of the rank's tokens.
 
 use super::EngineError;
-use super::world::{RankThread, Stop};
+use super::world::{RankThread, Stop, World};
 use crate::config::Config;
 use crate::problem::RankWeights;
 use crate::reference::{self, Exec};
@@ -13,7 +13,7 @@ use fp_formats::bf16;
 use moe_sched::{Block, Layer, PoolLayout, ScheduleShape, WaveSchedule, peel_interleave_slot};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
-use symm_mem::TokenSrc;
+use symm_mem::{Region, TokenSrc};
 
 /// What every thread of the run shares (read-only).
 pub(super) struct Job<'a> {
@@ -251,21 +251,21 @@ fn l1_block(job: &Job, me: &RankThread, pool: &PoolLayout, block: &Block) -> Res
     )?;
     // SAFETY: the block's pool rows are complete (acquired through the arrival counter) and
     // nothing writes them again.
-    let (x, x_sf, weights) = unsafe {
+    let (a, weights) = unsafe {
         (
-            world.read::<u8>(r, r, &layout.l1_pool_tokens, row0 * h..(row0 + rows) * h),
-            world.read::<u8>(
+            pool_acts(
+                world,
                 r,
-                r,
-                &layout.l1_pool_scales,
-                row0 * h / g..(row0 + rows) * h / g,
+                (&layout.l1_pool_tokens, &layout.l1_pool_scales),
+                row0..row0 + rows,
+                h,
+                g,
             ),
             world.read::<f32>(r, r, &layout.l1_pool_topk_weights, row0..row0 + rows),
         )
     };
     let channels = i / job.shape.l1_n_blocks as usize;
     let c0 = block.n_block as usize * channels;
-    let a = reference::dequantize_act(x, x_sf, h, g);
     let acc = reference::l1_acc(
         c,
         &job.weights[r],
@@ -351,21 +351,21 @@ fn l2_block(job: &Job, me: &RankThread, pool: &PoolLayout, block: &Block) -> Res
     )?;
     // SAFETY: every L1 block of these rows has stored its columns (acquired through the mask)
     // and the dispatch wrote the sources before that; nothing writes them again.
-    let (q, q_sf, sources) = unsafe {
+    let (a, sources) = unsafe {
         (
-            world.read::<u8>(r, r, &layout.l2_pool_tokens, row0 * i..(row0 + rows) * i),
-            world.read::<u8>(
+            pool_acts(
+                world,
                 r,
-                r,
-                &layout.l2_pool_scales,
-                row0 * i / g..(row0 + rows) * i / g,
+                (&layout.l2_pool_tokens, &layout.l2_pool_scales),
+                row0..row0 + rows,
+                i,
+                g,
             ),
             world.read::<TokenSrc>(r, r, &layout.token_src, row0..row0 + rows),
         )
     };
     let cols_per_block = h / job.shape.l2_n_blocks as usize;
     let col0 = block.n_block as usize * cols_per_block;
-    let a = reference::dequantize_act(q, q_sf, i, g);
     let acc = reference::l2_acc(
         c,
         &job.weights[r],
@@ -394,6 +394,28 @@ fn l2_block(job: &Job, me: &RankThread, pool: &PoolLayout, block: &Block) -> Res
 }
 
 /// The combine of this thread's tokens: valid slots in increasing j, f32 sum, BF16.
+/// Pool rows `rows` of rank `r` (FP8 codes `width` wide and their scales per `g`), dequantized.
+///
+/// # Safety
+/// The rows must be complete and no longer written, as for [`World::read`].
+unsafe fn pool_acts(
+    world: &World,
+    r: usize,
+    (tokens, scales): (&Region, &Region),
+    rows: Range<usize>,
+    width: usize,
+    g: usize,
+) -> Vec<f64> {
+    // SAFETY: forwarded from the caller.
+    let (q, sf) = unsafe {
+        (
+            world.read::<u8>(r, r, tokens, rows.start * width..rows.end * width),
+            world.read::<u8>(r, r, scales, rows.start * width / g..rows.end * width / g),
+        )
+    };
+    reference::dequantize_act(q, sf, width, g)
+}
+
 fn combine(job: &Job, me: &RankThread, y: &mut [bf16], first_token: usize) {
     let (world, layout, r) = (me.world, me.world.layout, me.rank);
     let (h, k) = (job.config.hidden, job.config.top_k);
