@@ -24,20 +24,12 @@ __device__ __forceinline__ float e4m3_decode(u8 c) {
 }
 
 // Round-to-nearest-even with saturation to +-448 (Inf saturates). NaN -> 0x7f with the input's sign,
-// as the host does; `e4m3x4_encode_finite` skips that fix-up for data known to be finite.
+// as the host does.
 __device__ __forceinline__ u8 e4m3_encode(float x) {
   unsigned short r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
   if (x != x) return (u8)(0x7fu | ((__float_as_uint(x) >> 24) & 0x80u));
   return (u8)(r & 0xff);
-}
-
-// Four finite floats -> four E4M3 codes, a[0] in the low byte.
-__device__ __forceinline__ u32 e4m3x4_encode_finite(float a0, float a1, float a2, float a3) {
-  unsigned short lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(a1), "f"(a0));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(a3), "f"(a2));
-  return (u32)lo | ((u32)hi << 16);
 }
 
 // ---------------------------------------------------------------- E2M1 (0 .5 1 1.5 2 3 4 6)
