@@ -10,7 +10,8 @@ pub enum Recipe {
     /// G = 32: DeepGEMM's SM100 recipe `(1,1,32)`; exact on Hopper through BF16 WGMMA.
     #[serde(rename = "mx32")]
     Mx32,
-    /// G = 128: the Hopper-fast recipe (FP8 WGMMA, one promotion per k128).
+    /// G = 128: the Hopper-fast recipe: FP8 WGMMA with one promotion per k128 is possible (fast, but
+    /// Hopper's FP8 tensor core does not accumulate in full FP32); exact through BF16 WGMMA.
     #[serde(rename = "g128")]
     G128,
 }

@@ -1,17 +1,17 @@
 //! Grouped-GEMM benchmark on the V4-Pro per-rank shape (48 experts, H 7168, I 3072, top-6, one GPU):
-//! for each recipe and token count, L1 (n = 2I, K = H) and L2 (n = H, K = I) over the pool that a
+//! for each route (recipe / tensor-core route) and token count, L1 (n = 2I, K = H) and L2 (n = H, K = I) over the pool that a
 //! uniform random top-6 routing of T tokens makes, timed with CUDA events (warm-up, median of 25 samples of 4 launches).
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--recipes g128,mx32] [--tiles auto|16,..] [--ctas 1|2] [--k-split 1|2|4] [--probe]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--k-split 1|2|4] [--probe]`
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
-use megamoe_kernel::gemm::{TOKEN_TILES, token_tiles};
+use megamoe_kernel::gemm::{TOKEN_TILES, parse_route, token_tiles};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
-use megamoe_kernel::{DeviceWeights, GemmCore, Pool, TilePlan, transform_weights};
+use megamoe_kernel::{DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights};
 use rand::{Rng, SeedableRng};
 
 const EXPERTS: usize = 48;
@@ -28,8 +28,9 @@ const LAUNCHES_PER_SAMPLE: usize = 4;
 struct Args {
     #[arg(long, value_delimiter = ',', default_value = "8,128,512,2048,8192")]
     tokens: Vec<usize>,
-    #[arg(long, value_delimiter = ',', default_value = "g128,mx32")]
-    recipes: Vec<Recipe>,
+    /// `recipe/route` pairs: g128/fp8, g128/bf16, mx32/bf16.
+    #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route)]
+    routes: Vec<(Recipe, Mma)>,
     /// Tokens per tile: `auto` (the plan's choice) or a list.
     #[arg(long, default_value = "auto")]
     tiles: String,
@@ -39,7 +40,7 @@ struct Args {
     /// CTAs per SM for every tile (default: the plan's choice).
     #[arg(long)]
     ctas: Option<usize>,
-    /// g128 promotions per k128 block (default: the plan's).
+    /// FP8 promotions per k128 block (default: the plan's).
     #[arg(long)]
     k_split: Option<usize>,
     /// Passed by `cargo bench`.
@@ -109,7 +110,7 @@ fn main() {
         .init();
     let Args {
         tokens,
-        recipes,
+        routes,
         tiles,
         probe,
         ctas,
@@ -132,8 +133,8 @@ fn main() {
         hbm / 1e9
     );
     println!(
-        "{:<5} {:>5} {:>6} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
-        "recipe",
+        "{:<9} {:>5} {:>6} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "route",
         "T",
         "bn/c",
         "hit",
@@ -146,12 +147,12 @@ fn main() {
         "floor us",
         "ratio"
     );
-    for recipe in recipes {
+    for (recipe, mma) in routes {
         let layers: Vec<Layer> = [("L1", 2 * INTER, HIDDEN), ("L2", HIDDEN, INTER)]
             .into_iter()
             .map(|(name, n, k)| {
                 let w = ExpertWeights::random_codes(EXPERTS, n, k, n as u64);
-                let t = transform_weights(recipe, &w.w, &w.w_sf, EXPERTS, n, k).unwrap();
+                let t = transform_weights(mma, &w.w, &w.w_sf, EXPERTS, n, k).unwrap();
                 Layer {
                     name,
                     weights: DeviceWeights::upload(&gpu, &t).unwrap(),
@@ -164,7 +165,7 @@ fn main() {
             let pairs: usize = rows.iter().sum();
             let bns: Vec<usize> = if tiles == "auto" {
                 vec![TilePlan::tokens_per_tile_for(
-                    recipe,
+                    mma,
                     pairs as f64 / hit as f64,
                 )]
             } else {
@@ -176,13 +177,9 @@ fn main() {
                 .map(|layer| {
                     let pool = ActPool::random(recipe, &rows, layer.weights.k, 99);
                     let sf_stride = pool.sf_stride(*TOKEN_TILES.last().unwrap());
-                    let (act, act_sf) = match recipe {
-                        Recipe::G128 => (
-                            gpu.upload(&pool.q).unwrap(),
-                            Some(gpu.upload(&pool.g128_scales(sf_stride)).unwrap()),
-                        ),
-                        Recipe::Mx32 => (gpu.upload(&pool.mx32_widened()).unwrap(), None),
-                    };
+                    let (act, act_sf) = pool.device_image(mma, sf_stride);
+                    let act = gpu.upload(&act).unwrap();
+                    let act_sf = act_sf.map(|sf| gpu.upload(&sf).unwrap());
                     let (offsets, counts) = (
                         gpu.upload(&pool.expert_offset).unwrap(),
                         gpu.upload(&pool.expert_rows).unwrap(),
@@ -191,13 +188,10 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
-            for bn in bns
-                .into_iter()
-                .filter(|bn| token_tiles(recipe).contains(bn))
-            {
+            for bn in bns.into_iter().filter(|bn| token_tiles(mma).contains(bn)) {
                 let mut plan = TilePlan {
                     probe,
-                    ..TilePlan::new(recipe, bn).unwrap()
+                    ..TilePlan::new(mma, bn).unwrap()
                 };
                 if let Some(ctas) = ctas {
                     plan = plan.with_ctas_per_sm(ctas);
@@ -226,9 +220,8 @@ fn main() {
                     times.push(time_ms(&gpu, || {
                         core.run(&gpu, &layer.weights, &device_pool, out).unwrap()
                     }));
-                    let act_elem = if recipe == Recipe::G128 { 1 } else { 2 };
                     bytes_total += hit * layer.weights.bytes_per_expert()
-                        + pairs * (k * act_elem + layer.weights.n * 2);
+                        + pairs * (k * mma.act_elem() + layer.weights.n * 2);
                     tracing::debug!(layer = layer.name, ms = times.last().unwrap(), "timed");
                 }
                 let flops = |n: usize, k: usize| 2.0 * pairs as f64 * n as f64 * k as f64;
@@ -236,8 +229,8 @@ fn main() {
                 let (t1, t2) = (times[0] as f64 * 1e-3, times[1] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
-                    "{:<5} {:>5} {:>6} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
-                    recipe.name(),
+                    "{:<9} {:>5} {:>6} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    format!("{recipe}/{mma}"),
                     t,
                     format!("{bn}/{}", core.plan.ctas_per_sm),
                     hit,

@@ -8,10 +8,15 @@
 //   uf_combine_send    one CTA per pool row: the row's L2 result into its source rank's combine buffer
 //                      [k][T_max][H] at (slot, token), over a peer pointer;
 //   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y.
-// Specialized with -DUF_G=<32|128> (the recipe's activation group). Pools: g128 = E4M3 [rows][K] plus
-// UE8M0 [K/128][sf_stride] (MN-major); mx32 = BF16 [rows][K] of E4M3 * 2^(scale-127), exact.
+// Specialized with -DUF_G=<32|128> (the recipe's activation group) and -DUF_FP8_POOL=<0|1> (the GEMM's
+// tensor-core route). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
+// (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group.
 #pragma once
 #include "fp_formats.cuh"
+
+#if UF_FP8_POOL && UF_G != 128
+#error "the FP8 pool carries one scale per 128 channels"
+#endif
 
 namespace mm {
 namespace unfused {
@@ -40,7 +45,7 @@ struct DispatchParams {
   const int* topk_idx;     // [T*k] global expert, -1 = masked
   const float* topk_w;     // [T*k]
   const u64* pool_act;     // [R] owner L1 pool activations
-  const u64* pool_sf;      // [R] owner L1 pool scales (g128)
+  const u64* pool_sf;      // [R] owner L1 pool scales (FP8 pool)
   const u64* pool_meta;    // [R] owner RowMeta tables
   int tokens, top_k, hidden, experts_per_rank, sf_stride, rank;
 };
@@ -48,8 +53,8 @@ struct DispatchParams {
 struct SwigluParams {
   const u16* l1_out;       // [rows][2I] BF16: gate 0..I, up I..2I
   const RowMeta* meta;     // [rows]
-  u8* l2_act;              // g128: E4M3 [rows][I]; mx32: BF16 [rows][I]
-  u8* l2_sf;               // g128: [I/128][sf_stride]
+  u8* l2_act;              // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I]
+  u8* l2_sf;               // FP8 pool: [I/128][sf_stride]
   int rows, inter, sf_stride, has_clamp;
   float clamp;
   int pad_;
@@ -91,7 +96,7 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const int h = p.hidden;
   const u8* src = p.x + (size_t)t * h;
   const u8* src_sf = p.x_sf + (size_t)t * (h / UF_G);
-#if UF_G == 128
+#if UF_FP8_POOL
   u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
   for (int c = threadIdx.x * 16; c < h; c += kThreads * 16)
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
@@ -156,7 +161,7 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
     const float inv = fp::pow2(127 - (int)biased);
-#if UF_G == 128
+#if UF_FP8_POOL
     u32 word = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);

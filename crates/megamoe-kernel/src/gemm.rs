@@ -1,6 +1,6 @@
 //! The Hopper grouped GEMM (`cuda/sm90_moe_gemm.cuh`) from the host: its JIT specializations
-//! (recipe × tokens per tile), the shared-memory plan they are compiled with, weights and pools
-//! on the device, input validation, and the launch.
+//! (tensor-core route × tokens per tile), the shared-memory plan they are compiled with, weights and
+//! pools on the device, input validation, and the launch.
 
 use cuda_rt::tma::{Swizzle, TensorMapDesc, TmaDataType};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
@@ -9,16 +9,85 @@ use fp_formats::Recipe;
 
 use crate::transform::{BLOCK_K, CODE_BYTES, GemmWeights, TILE_ROWS};
 
+/// How the tensor core multiplies FP8 activations by MXFP4 weights: the two main loops of the
+/// grouped GEMM. The activation scale group (the recipe) matters only to the pool's producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mma {
+    /// BF16 WGMMA on exactly widened operands (E2M1·2^s_w and E4M3·2^s_a are exact in BF16), FP32
+    /// accumulation over all of K: the contract's sum for either recipe (bit-exact through the
+    /// pipeline on the H200). The pool holds BF16 activations.
+    Bf16,
+    /// FP8 WGMMA with the g128 fold (E2M1 -> E4M3 with the per-32 weight scales as offsets), one
+    /// promotion per k128 with the token's scale: g128 only. Faster, but Hopper's FP8 tensor core
+    /// keeps ~14 bits while it accumulates inside each wgmma, so the sum is not FP32-exact
+    /// (2026-11-30, H200: GEMM calc_diff ≈ 5e-7; the whole pipeline 1–3e-5 on V4 shapes).
+    Fp8,
+}
+
+impl Mma {
+    /// The exact route: BF16 for every recipe.
+    pub const EXACT: Mma = Mma::Bf16;
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mma::Bf16 => "bf16",
+            Mma::Fp8 => "fp8",
+        }
+    }
+
+    /// Whether this route computes `recipe` (FP8 promotes once per k128, so it needs G = 128).
+    pub fn supports(self, recipe: Recipe) -> bool {
+        self == Mma::Bf16 || recipe == Recipe::G128
+    }
+
+    /// Bytes per pool activation: BF16 widened, or E4M3 with separate scales.
+    pub const fn act_elem(self) -> usize {
+        match self {
+            Mma::Bf16 => 2,
+            Mma::Fp8 => 1,
+        }
+    }
+}
+
+/// A `recipe/route` pair such as `g128/fp8`, `g128/bf16` or `mx32/bf16` (benchmarks, CLIs).
+pub fn parse_route(s: &str) -> Result<(Recipe, Mma), String> {
+    let (recipe, mma) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` is not recipe/route, e.g. g128/fp8"))?;
+    let (recipe, mma): (Recipe, Mma) = (recipe.parse()?, mma.parse()?);
+    if !mma.supports(recipe) {
+        return Err(format!("the {mma} route does not compute {recipe}"));
+    }
+    Ok((recipe, mma))
+}
+
+impl std::fmt::Display for Mma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+impl std::str::FromStr for Mma {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bf16" => Ok(Mma::Bf16),
+            "fp8" => Ok(Mma::Fp8),
+            _ => Err(format!("unknown tensor-core route `{s}` (bf16 or fp8)")),
+        }
+    }
+}
+
 /// Tokens per tile (the WGMMA N) the kernel is built for.
 pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
 
-/// The token tiles of one recipe: g128 keeps two temp accumulator sets besides the accumulators,
-/// which stops at 128 tokens; mx32 accumulates straight into them and goes to 256 (half the
+/// The token tiles of one route: FP8 keeps two temp accumulator sets besides the accumulators,
+/// which stops at 128 tokens; BF16 accumulates straight into them and goes to 256 (half the
 /// activation re-reads per tensor-core operation at large T).
-pub fn token_tiles(recipe: Recipe) -> &'static [usize] {
-    match recipe {
-        Recipe::G128 => &TOKEN_TILES[..4],
-        Recipe::Mx32 => &TOKEN_TILES,
+pub fn token_tiles(mma: Mma) -> &'static [usize] {
+    match mma {
+        Mma::Fp8 => &TOKEN_TILES[..4],
+        Mma::Bf16 => &TOKEN_TILES,
     }
 }
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
@@ -29,13 +98,13 @@ const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
 /// FP4 decode with only two consumer warps per scheduler, and twice the warps hide its latency
 /// (2026-11-30: ncu, 0.9 eligible warps per scheduler; the loads alone reach the HBM rate). Two
 /// CTAs leave 96 registers per consumer thread; these fit without spilling.
-const TWO_CTAS: [(Recipe, usize); 4] = [
-    (Recipe::G128, 16),
-    (Recipe::G128, 32),
-    (Recipe::Mx32, 16),
-    (Recipe::Mx32, 32),
+const TWO_CTAS: [(Mma, usize); 4] = [
+    (Mma::Fp8, 16),
+    (Mma::Fp8, 32),
+    (Mma::Bf16, 16),
+    (Mma::Bf16, 32),
 ];
-/// g128 promotions per k128 block by default. 2026-11-30, H200: two per k128 cost 24 % at T = 8192
+/// FP8 promotions per k128 block by default. 2026-11-30, H200: two per k128 cost 24 % at T = 8192
 /// and did not bring the pipeline's g128 result closer to the contract (calc_diff 1.1–2.7e-5 on V4
 /// shapes either way; the error is the FP8 tensor core's short accumulator within each wgmma).
 const DEFAULT_K_SPLIT: usize = 1;
@@ -48,10 +117,10 @@ pub enum GemmError {
     Cuda(#[from] cuda_rt::Error),
     #[error(transparent)]
     Tma(#[from] cuda_rt::tma::TmaError),
-    #[error("tokens per tile {tile} is not one of {recipe}'s {:?}", token_tiles(*recipe))]
-    TokenTile { recipe: Recipe, tile: usize },
+    #[error("tokens per tile {tile} is not one of {mma}'s {:?}", token_tiles(*mma))]
+    TokenTile { mma: Mma, tile: usize },
     #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
-    RecipeMismatch { core: Recipe, weights: Recipe },
+    MmaMismatch { core: Mma, weights: Mma },
     #[error(
         "the GEMM core is built for weights {core} one fold base per row, the weights have {weights} \
          (TilePlan::with_row_base(weights.row_base))",
@@ -67,15 +136,15 @@ pub enum GemmError {
 /// asserts at compile time that it agrees (`MM_SMEM_BYTES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TilePlan {
-    pub recipe: Recipe,
+    pub mma: Mma,
     pub tokens_per_tile: usize,
     pub stages: usize,
     pub stage_bytes: usize,
     /// CTAs per SM (1 or 2); the grid is that many per SM.
     pub ctas_per_sm: usize,
-    /// g128: the weights have one fold base per row (`GemmWeights::row_base`); the default.
+    /// FP8: the weights have one fold base per row (`GemmWeights::row_base`); the default.
     pub row_base: bool,
-    /// g128: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
+    /// FP8: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
     /// accumulates with less than FP32's precision, so more promotions track the contract's sum
     /// more closely, at the cost of more promotion work.
     pub k_split: usize,
@@ -85,32 +154,32 @@ pub struct TilePlan {
 }
 
 impl TilePlan {
-    pub fn new(recipe: Recipe, tokens_per_tile: usize) -> Result<Self, GemmError> {
-        if !token_tiles(recipe).contains(&tokens_per_tile) {
+    pub fn new(mma: Mma, tokens_per_tile: usize) -> Result<Self, GemmError> {
+        if !token_tiles(mma).contains(&tokens_per_tile) {
             return Err(GemmError::TokenTile {
-                recipe,
+                mma,
                 tile: tokens_per_tile,
             });
         }
         let bn = tokens_per_tile;
-        let (act, sf) = match recipe {
+        let (act, sf) = match mma {
             // scale bytes (padded to 128) and the converter warp's floats
-            Recipe::G128 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
-            Recipe::Mx32 => (bn * 128 * 2, 0),
+            Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
+            Mma::Bf16 => (bn * 128 * 2, 0),
         };
         let stage_bytes = (act + CODE_BYTES + 4 * TILE_ROWS + sf).next_multiple_of(1024);
-        let ctas_per_sm = if TWO_CTAS.contains(&(recipe, tokens_per_tile)) {
+        let ctas_per_sm = if TWO_CTAS.contains(&(mma, tokens_per_tile)) {
             2
         } else {
             1
         };
         let plan = Self {
-            recipe,
+            mma,
             tokens_per_tile,
             stages: 0,
             stage_bytes,
             ctas_per_sm: 0,
-            row_base: recipe == Recipe::G128,
+            row_base: mma == Mma::Fp8,
             k_split: DEFAULT_K_SPLIT,
             probe: false,
         };
@@ -129,16 +198,16 @@ impl TilePlan {
         }
     }
 
-    /// The same tile with `k_split` promotions per k128 block (g128).
+    /// The same tile with `k_split` promotions per k128 block (FP8).
     pub fn with_k_split(self, k_split: usize) -> Self {
         assert!(matches!(k_split, 1 | 2 | 4), "k_split {k_split}");
         Self { k_split, ..self }
     }
 
-    /// The same tile for weights with (g128) or without one fold base per row.
+    /// The same tile for weights with (FP8) or without one fold base per row.
     pub fn with_row_base(self, row_base: bool) -> Self {
         Self {
-            row_base: row_base && self.recipe == Recipe::G128,
+            row_base: row_base && self.mma == Mma::Fp8,
             ..self
         }
     }
@@ -155,11 +224,11 @@ impl TilePlan {
         let mut spec = KernelSpec::new(
             format!(
                 "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}",
-                self.recipe,
+                self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
                 if self.row_base { "/rowbase" } else { "" },
-                if self.recipe == Recipe::G128 {
+                if self.mma == Mma::Fp8 {
                     format!("/k{}", 128 / self.k_split)
                 } else {
                     String::new()
@@ -170,14 +239,14 @@ impl TilePlan {
         )
         .header(fp_formats::CUDA_HEADER)
         .define("MM_BN", self.tokens_per_tile)
-        .define("MM_G128", u8::from(self.recipe == Recipe::G128))
+        .define("MM_G128", u8::from(self.mma == Mma::Fp8))
         .define("MM_STAGES", self.stages)
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)
         .define("MM_ROW_BASE", u8::from(self.row_base))
         .define(
             "MM_KSPLIT",
-            if self.recipe == Recipe::G128 {
+            if self.mma == Mma::Fp8 {
                 self.k_split
             } else {
                 1
@@ -196,9 +265,9 @@ impl TilePlan {
     /// that covers most experts in one block (moe-sched's covering rule), so few-token experts don't
     /// pay for idle tensor-core columns. Measured on H200 (2026-11-30): 16 at T = 8, 32 at T = 128,
     /// 64–128 at T = 512, 128 above, for V4-Pro's 48 experts.
-    pub fn tokens_per_tile_for(recipe: Recipe, avg_rows: f64) -> usize {
+    pub fn tokens_per_tile_for(mma: Mma, avg_rows: f64) -> usize {
         let target = moe_sched::heuristics::covering_rows(avg_rows);
-        let tiles = token_tiles(recipe);
+        let tiles = token_tiles(mma);
         tiles
             .iter()
             .copied()
@@ -209,16 +278,16 @@ impl TilePlan {
 
 /// Every specialization, for `cargo xtask kernels`.
 pub fn kernels() -> Vec<KernelSpec> {
-    [Recipe::G128, Recipe::Mx32]
+    [Mma::Fp8, Mma::Bf16]
         .into_iter()
-        .flat_map(|recipe| {
-            token_tiles(recipe)
+        .flat_map(|mma| {
+            token_tiles(mma)
                 .iter()
-                .map(move |&bn| TilePlan::new(recipe, bn).expect("listed tile"))
+                .map(move |&bn| TilePlan::new(mma, bn).expect("listed tile"))
         })
         .flat_map(|plan| {
-            // g128 weights that do not fit one base per row take the per-block specialization.
-            let per_block = (plan.recipe == Recipe::G128).then(|| plan.with_row_base(false));
+            // FP8 weights that do not fit one base per row take the per-block specialization.
+            let per_block = (plan.mma == Mma::Fp8).then(|| plan.with_row_base(false));
             std::iter::once(plan).chain(per_block)
         })
         .map(|plan| plan.spec())
@@ -243,7 +312,7 @@ struct GemmParams {
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
-    pub recipe: Recipe,
+    pub mma: Mma,
     pub num_experts: usize,
     pub n: usize,
     pub k: usize,
@@ -255,7 +324,7 @@ pub struct DeviceWeights {
 impl DeviceWeights {
     pub fn upload(gpu: &Gpu, w: &GemmWeights) -> Result<Self, GemmError> {
         Ok(Self {
-            recipe: w.recipe,
+            mma: w.mma,
             num_experts: w.num_experts,
             n: w.n,
             k: w.k,
@@ -272,8 +341,8 @@ impl DeviceWeights {
 }
 
 /// An expert-contiguous activation pool on the device.
-/// g128: `act` is E4M3 `[rows][k]` and `act_sf` UE8M0 `[k/128][sf_stride]` (MN-major);
-/// mx32: `act` is BF16 `[rows][k]` (E4M3 × 2^scale, exactly widened) and there are no scales.
+/// FP8: `act` is E4M3 `[rows][k]` and `act_sf` UE8M0 `[k/128][sf_stride]` (MN-major);
+/// BF16: `act` is BF16 `[rows][k]` (E4M3 × 2^scale, exactly widened, any group) and there are no scales.
 pub struct Pool<'a> {
     pub act: &'a CudaSlice<u8>,
     pub act_sf: Option<&'a CudaSlice<u8>>,
@@ -317,9 +386,9 @@ impl GemmCore {
     ) -> Result<(), GemmError> {
         self.check(weights, pool, out.len())?;
         let bn = self.plan.tokens_per_tile as u32;
-        let (data_type, elem) = match self.plan.recipe {
-            Recipe::G128 => (TmaDataType::U8, 1u64),
-            Recipe::Mx32 => (TmaDataType::BF16, 2u64),
+        let (data_type, elem) = match self.plan.mma {
+            Mma::Fp8 => (TmaDataType::U8, 1u64),
+            Mma::Bf16 => (TmaDataType::BF16, 2u64),
         };
         let stream = gpu.stream();
         let (act_addr, _act) = pool.act.device_ptr(stream);
@@ -373,10 +442,10 @@ impl GemmCore {
 
     fn check(&self, weights: &DeviceWeights, pool: &Pool, out_len: usize) -> Result<(), GemmError> {
         let bad = |what, detail: String| Err(GemmError::Pool { what, detail });
-        if weights.recipe != self.plan.recipe {
-            return Err(GemmError::RecipeMismatch {
-                core: self.plan.recipe,
-                weights: weights.recipe,
+        if weights.mma != self.plan.mma {
+            return Err(GemmError::MmaMismatch {
+                core: self.plan.mma,
+                weights: weights.mma,
             });
         }
         if weights.row_base != self.plan.row_base {
@@ -385,11 +454,7 @@ impl GemmCore {
                 weights: weights.row_base,
             });
         }
-        let elem = if self.plan.recipe == Recipe::G128 {
-            1
-        } else {
-            2
-        };
+        let elem = self.plan.mma.act_elem();
         if pool.act.len() < pool.rows * weights.k * elem {
             return bad(
                 "activations",
@@ -441,7 +506,7 @@ impl GemmCore {
                     ),
                 );
             }
-            if self.plan.recipe == Recipe::G128
+            if self.plan.mma == Mma::Fp8
                 && rows > 0
                 && off + rows.next_multiple_of(bn) > pool.sf_stride
             {
@@ -455,11 +520,11 @@ impl GemmCore {
                 );
             }
         }
-        if self.plan.recipe == Recipe::G128 {
+        if self.plan.mma == Mma::Fp8 {
             let Some(sf) = pool.act_sf else {
                 return bad(
                     "activation scales",
-                    "g128 needs per-128 activation scales".into(),
+                    "the FP8 route needs per-128 activation scales".into(),
                 );
             };
             if !pool.sf_stride.is_multiple_of(16) || sf.len() < pool.sf_stride * weights.k / BLOCK_K
@@ -484,26 +549,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn routes_parse_and_fp8_refuses_mx32() {
+        assert_eq!(parse_route("g128/fp8"), Ok((Recipe::G128, Mma::Fp8)));
+        assert_eq!(parse_route("mx32/bf16"), Ok((Recipe::Mx32, Mma::Bf16)));
+        assert!(
+            parse_route("mx32/fp8")
+                .unwrap_err()
+                .contains("does not compute")
+        );
+        assert!(parse_route("g128").is_err());
+        assert!(parse_route("g128/fp16").is_err());
+        assert_eq!(format!("{:<5}|", Mma::Fp8), "fp8  |");
+    }
+
+    #[test]
     fn token_tiles_follow_the_measured_choice() {
         // V4-Pro per rank: 48 experts, top-6; average rows per expert = 6T/48.
         let avg = |t: f64| 6.0 * t / 48.0;
-        assert_eq!(TilePlan::tokens_per_tile_for(Recipe::G128, avg(8.0)), 16);
-        assert_eq!(TilePlan::tokens_per_tile_for(Recipe::G128, avg(128.0)), 32);
-        assert_eq!(
-            TilePlan::tokens_per_tile_for(Recipe::G128, avg(8192.0)),
-            128
-        );
-        assert_eq!(
-            TilePlan::tokens_per_tile_for(Recipe::Mx32, avg(8192.0)),
-            256
-        );
+        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Fp8, avg(8.0)), 16);
+        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Fp8, avg(128.0)), 32);
+        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Fp8, avg(8192.0)), 128);
+        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Bf16, avg(8192.0)), 256);
     }
 
     #[test]
     fn plans_fit_shared_memory_and_registers() {
-        for recipe in [Recipe::G128, Recipe::Mx32] {
-            for &bn in token_tiles(recipe) {
-                let plan = TilePlan::new(recipe, bn).unwrap();
+        for mma in [Mma::Fp8, Mma::Bf16] {
+            for &bn in token_tiles(mma) {
+                let plan = TilePlan::new(mma, bn).unwrap();
                 let per_sm = plan.smem_bytes() * plan.ctas_per_sm;
                 assert!(
                     plan.stages >= 2 && per_sm <= 228 * 1024 - plan.ctas_per_sm * 1024,
@@ -512,7 +585,7 @@ mod tests {
             }
         }
         assert!(matches!(
-            TilePlan::new(Recipe::G128, 48),
+            TilePlan::new(Mma::Fp8, 48),
             Err(GemmError::TokenTile { tile: 48, .. })
         ));
     }

@@ -1,7 +1,7 @@
 //! `megamoe-kernel` owns the MegaMoE CUDA kernels and everything that is specific to them: the
 //! weight transforms from the canonical MXFP4 layout into each kernel's layout, the JIT
 //! specializations (`KernelSpec`s) and their launches: the Hopper grouped GEMM
-//! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per recipe and the engine of the
+//! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`]) and the engine of the
 //! unfused and fused pipelines, and the unfused pipeline's glue kernels ([`unfused`]).
 
 pub mod gemm;
@@ -9,7 +9,7 @@ pub mod problem;
 pub mod transform;
 pub mod unfused;
 
-pub use gemm::{DeviceWeights, GemmCore, GemmError, Pool, TilePlan};
+pub use gemm::{DeviceWeights, GemmCore, GemmError, Mma, Pool, TilePlan};
 pub use transform::{GemmWeights, TransformError, transform_weights};
 pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
 

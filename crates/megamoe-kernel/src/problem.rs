@@ -1,5 +1,5 @@
 //! Grouped-GEMM problems on the host: random expert weights and expert-contiguous activation
-//! pools, their device images for either recipe, and the contract's reference result (exact
+//! pools, their device images for either tensor-core route, and the contract's reference result (exact
 //! products summed in f64, rounded once to f32, then to BF16). Used by the GPU tests and the
 //! benchmark; the data tells the recipes apart (per-32 block magnitudes over several binades,
 //! activation outlier channels).
@@ -10,6 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 
+use crate::gemm::Mma;
 use crate::transform::BLOCK_K;
 
 /// Expert pools start at multiples of this many rows (the GEMM's scale loads need 16-B alignment).
@@ -149,14 +150,26 @@ impl ActPool {
             * ue8m0::decode(self.sf[row * self.k / g + col / g])
     }
 
-    /// Scale stride of the g128 device image: every tile of `max_tile` rows reads in bounds.
+    /// Scale stride of the FP8 route's device image: every tile of `max_tile` rows reads in bounds.
     pub fn sf_stride(&self, max_tile: usize) -> usize {
         (self.rows + max_tile).next_multiple_of(POOL_ROW_ALIGN)
     }
 
-    /// The g128 GEMM's scale image: UE8M0 `[k/128][sf_stride]`, MN-major.
-    pub fn g128_scales(&self, sf_stride: usize) -> Vec<u8> {
-        assert_eq!(self.recipe, Recipe::G128);
+    /// The pool as the GEMM of route `mma` reads it: the activations (BF16 widened, or E4M3) and,
+    /// for FP8, the scales UE8M0 `[k/128][sf_stride]`, MN-major. FP8 needs a g128 pool.
+    pub fn device_image(&self, mma: Mma, sf_stride: usize) -> (Vec<u8>, Option<Vec<u8>>) {
+        match mma {
+            Mma::Bf16 => (self.widened(), None),
+            Mma::Fp8 => (self.q.clone(), Some(self.fp8_scales(sf_stride))),
+        }
+    }
+
+    fn fp8_scales(&self, sf_stride: usize) -> Vec<u8> {
+        assert_eq!(
+            self.recipe,
+            Recipe::G128,
+            "the FP8 route takes per-128 scales"
+        );
         let blocks = self.k / BLOCK_K;
         let mut out = vec![127u8; blocks * sf_stride];
         for row in 0..self.rows {
@@ -167,9 +180,8 @@ impl ActPool {
         out
     }
 
-    /// The mx32 GEMM's activations: BF16 bits of E4M3 × 2^scale (exact), `[rows][k]`, as bytes.
-    pub fn mx32_widened(&self) -> Vec<u8> {
-        assert_eq!(self.recipe, Recipe::Mx32);
+    /// BF16 bits of E4M3 × 2^scale (exact for either group), `[rows][k]`, as bytes.
+    fn widened(&self) -> Vec<u8> {
         (0..self.rows * self.k)
             .into_par_iter()
             .flat_map_iter(|i| {

@@ -2,10 +2,12 @@
 //! the low nibble; `w_sf` UE8M0 `[E, N, K/32]`) into the grouped GEMM's layout
 //! (`cuda/sm90_moe_gemm.cuh` documents it): per (expert, 128-row tile, k128 block) 8 KiB of codes in
 //! the order the consumer threads read their register fragments, and one u32 of scale metadata
-//! per row. For `g128` the four per-32 scales of a k128 block are folded into offsets from a base;
+//! per row. For the FP8 route ([`Mma::Fp8`]) the four per-32 scales of a k128 block are folded into offsets from a base;
 //! a block whose scales span more than 14 binades cannot be folded exactly and is refused.
 
-use fp_formats::{Recipe, fold, pack};
+use fp_formats::{fold, pack};
+
+use crate::gemm::Mma;
 use rayon::prelude::*;
 
 /// Weight rows per GEMM tile and K per pipeline stage (the kernel's `kTileRows`, `kBlockK`).
@@ -33,7 +35,7 @@ pub enum TransformError {
     },
     #[error(
         "expert {expert} row {row} k-block {k_block}: the four per-32 weight scales span {span} binades \
-         (bytes {bytes:?}); the g128 fold is exact only up to 14 — use the mx32 recipe for these weights"
+         (bytes {bytes:?}); the FP8 route's fold is exact only up to 14 — use the BF16 route for these weights"
     )]
     ScaleSpan {
         expert: usize,
@@ -43,7 +45,7 @@ pub enum TransformError {
         bytes: [u8; 4],
     },
     #[error(
-        "expert {expert} row {row} scale block {block}: UE8M0 byte {byte} is outside [{min}, {max}] for {recipe}"
+        "expert {expert} row {row} scale block {block}: UE8M0 byte {byte} is outside [{min}, {max}] for the {mma} route"
     )]
     ScaleRange {
         expert: usize,
@@ -52,20 +54,20 @@ pub enum TransformError {
         byte: u8,
         min: u8,
         max: u8,
-        recipe: Recipe,
+        mma: Mma,
     },
 }
 
 /// Expert weights in the grouped GEMM's layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GemmWeights {
-    pub recipe: Recipe,
+    pub mma: Mma,
     pub num_experts: usize,
     /// Weight rows (the GEMM's output width): 2I for L1, H for L2.
     pub n: usize,
     /// Reduction length: H for L1, I for L2.
     pub k: usize,
-    /// g128: every row has one fold base over all of K (see `transform_weights`).
+    /// FP8: every row has one fold base over all of K (see `transform_weights`).
     pub row_base: bool,
     /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
     pub codes: Vec<u8>,
@@ -82,12 +84,12 @@ impl GemmWeights {
     }
 }
 
-/// Scale bytes the mx32 BF16 decode keeps exact and normal: 0.5·2^s ≥ 2^-126 and 6·2^s < 2^128.
-const MX32_SCALE_RANGE: (u8, u8) = (2, 252);
+/// Scale bytes the BF16 decode keeps exact and normal: 0.5·2^s ≥ 2^-126 and 6·2^s < 2^128.
+const BF16_SCALE_RANGE: (u8, u8) = (2, 252);
 
 /// Transforms `num_experts` experts of `n` rows by `k` columns.
 pub fn transform_weights(
-    recipe: Recipe,
+    mma: Mma,
     w: &[u8],
     w_sf: &[u8],
     num_experts: usize,
@@ -106,9 +108,9 @@ pub fn transform_weights(
     check_size("w", w.len(), num_experts, n, k / 2)?;
     check_size("w_sf", w_sf.len(), num_experts, n, k / 32)?;
     let (tiles, k_blocks) = (n / TILE_ROWS, k / BLOCK_K);
-    // g128: one fold base per row when every row's scales span at most 14 binades over all of K
+    // FP8: one fold base per row when every row's scales span at most 14 binades over all of K
     // (the promotion then skips the base); otherwise a base per (row, k128 block).
-    let row_max: Option<Vec<u8>> = (recipe == Recipe::G128)
+    let row_max: Option<Vec<u8>> = (mma == Mma::Fp8)
         .then(|| {
             let spans: Vec<(u8, u8)> = w_sf
                 .par_chunks(k / 32)
@@ -132,7 +134,7 @@ pub fn transform_weights(
             let (e, rest) = (chunk / (tiles * k_blocks), chunk % (tiles * k_blocks));
             let (tile, kb) = (rest / k_blocks, rest % k_blocks);
             let block = Block {
-                recipe,
+                mma,
                 w: &w[e * n * k / 2..][..n * k / 2],
                 sf: &w_sf[e * n * k / 32..][..n * k / 32],
                 k,
@@ -146,7 +148,7 @@ pub fn transform_weights(
             Ok(())
         })?;
     Ok(GemmWeights {
-        recipe,
+        mma,
         num_experts,
         n,
         k,
@@ -180,14 +182,14 @@ fn check_size(
 
 /// One (expert, tile, k128 block) of one expert's canonical weights.
 struct Block<'a> {
-    recipe: Recipe,
+    mma: Mma,
     w: &'a [u8],
     sf: &'a [u8],
     k: usize,
     e: usize,
     row0: usize,
     kb: usize,
-    /// g128 with one base per row: each row's largest scale byte over all of K.
+    /// FP8 with one base per row: each row's largest scale byte over all of K.
     row_max: Option<&'a [u8]>,
 }
 
@@ -208,9 +210,9 @@ impl Block<'_> {
         for (row, m) in meta.iter_mut().enumerate() {
             let bytes = self.scales(row);
             let global_row = self.row0 + row;
-            let range = match self.recipe {
-                Recipe::Mx32 => MX32_SCALE_RANGE,
-                Recipe::G128 => (1, 254),
+            let range = match self.mma {
+                Mma::Bf16 => BF16_SCALE_RANGE,
+                Mma::Fp8 => (1, 254),
             };
             if let Some((block, &byte)) = bytes
                 .iter()
@@ -224,12 +226,12 @@ impl Block<'_> {
                     byte,
                     min: range.0,
                     max: range.1,
-                    recipe: self.recipe,
+                    mma: self.mma,
                 });
             }
-            *m = match self.recipe {
-                Recipe::Mx32 => u32::from_le_bytes(bytes),
-                Recipe::G128 => {
+            *m = match self.mma {
+                Mma::Bf16 => u32::from_le_bytes(bytes),
+                Mma::Fp8 => {
                     let (lo, hi) = (*bytes.iter().min().unwrap(), *bytes.iter().max().unwrap());
                     let span = u32::from(hi - lo);
                     if span > (fold::MAX_OFFSET - fold::MIN_OFFSET) as u32 {
@@ -253,7 +255,7 @@ impl Block<'_> {
                             byte: hi,
                             min: (1 + fold::MAX_OFFSET) as u8,
                             max: 254,
-                            recipe: self.recipe,
+                            mma: self.mma,
                         });
                     }
                     let offsets = bytes.iter().enumerate().map(|(j, &b)| {
@@ -275,9 +277,9 @@ impl Block<'_> {
                     let row = wg * 64 + warp * 16 + g;
                     let at = ((j * 2 + wg) * 128 + tid) * 8;
                     for (half, r) in [row, row + 8].into_iter().enumerate() {
-                        let word = match self.recipe {
-                            Recipe::G128 => g128_word(|c| self.code(r, 32 * j + c), t),
-                            Recipe::Mx32 => mx32_word(|c| self.code(r, 32 * j + c), t),
+                        let word = match self.mma {
+                            Mma::Fp8 => fp8_word(|c| self.code(r, 32 * j + c), t),
+                            Mma::Bf16 => bf16_word(|c| self.code(r, 32 * j + c), t),
                         };
                         out[at + 4 * half..at + 4 * half + 4].copy_from_slice(&word.to_le_bytes());
                     }
@@ -288,7 +290,7 @@ impl Block<'_> {
 }
 
 /// FP8 k32 fragment of thread-in-quad `t`: elements 0..3 at k = 4t.., 4..7 at k = 16 + 4t...
-fn g128_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
+fn fp8_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
     fold::sign_split_word(std::array::from_fn(|i| {
         code_at(if i < 4 { 4 * t + i } else { 16 + 4 * t + i - 4 })
     }))
@@ -297,7 +299,7 @@ fn g128_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
 /// BF16 k16 fragments of thread-in-quad `t` over one k32 block: pairs A, B, C, D at
 /// k = 2t, 2t+8, 16+2t, 24+2t (two elements each); magnitudes in nibbles 0..7, the sign of pair P's
 /// first/second element at bits (15, 31) for A, (11, 27) B, (7, 23) C, (3, 19) D.
-fn mx32_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
+fn bf16_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
     const PAIR_K: [usize; 4] = [0, 8, 16, 24];
     const SIGN_BITS: [[u32; 2]; 4] = [[15, 31], [11, 27], [7, 23], [3, 19]];
     let mut w = 0u32;
@@ -341,10 +343,10 @@ mod tests {
     /// Replays the kernel's register decode on the host and checks every weight lands where the
     /// fragment layout says, with its exact value.
     #[test]
-    fn g128_fragments_hold_the_exact_weights() {
+    fn fp8_fragments_hold_the_exact_weights() {
         let (e, n, k) = (2, 256, 256);
         let (w, sf) = random_weights(e, n, k, 110..=124, 1);
-        let t = transform_weights(Recipe::G128, &w, &sf, e, n, k).unwrap();
+        let t = transform_weights(Mma::Fp8, &w, &sf, e, n, k).unwrap();
         for chunk in 0..e * t.tiles() * t.k_blocks() {
             let (ex, tile, kb) = (
                 chunk / (t.tiles() * t.k_blocks()),
@@ -389,10 +391,10 @@ mod tests {
     }
 
     #[test]
-    fn mx32_words_hold_each_pair() {
+    fn bf16_words_hold_each_pair() {
         let codes: Vec<u8> = (0..32).map(|i| (i * 5 % 16) as u8).collect();
         for t in 0..4 {
-            let w = mx32_word(|c| codes[c], t);
+            let w = bf16_word(|c| codes[c], t);
             for (p, dk) in [0usize, 8, 16, 24].into_iter().enumerate() {
                 for e in 0..2 {
                     let mag = (w >> (4 * (2 * p + e))) & 7;
@@ -404,11 +406,11 @@ mod tests {
     }
 
     #[test]
-    fn g128_refuses_wide_scale_spans() {
+    fn fp8_refuses_wide_scale_spans() {
         let (e, n, k) = (1, 128, 128);
         let (w, mut sf) = random_weights(e, n, k, 120..=121, 2);
         sf[5 * 4..5 * 4 + 4].copy_from_slice(&[100, 104, 110, 115]); // span 15 in row 5
-        let err = transform_weights(Recipe::G128, &w, &sf, e, n, k).unwrap_err();
+        let err = transform_weights(Mma::Fp8, &w, &sf, e, n, k).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -421,25 +423,25 @@ mod tests {
             "{err}"
         );
         sf[5 * 4 + 3] = 114; // span 14 folds exactly
-        transform_weights(Recipe::G128, &w, &sf, e, n, k).unwrap();
-        // mx32 takes any span.
+        transform_weights(Mma::Fp8, &w, &sf, e, n, k).unwrap();
+        // BF16 takes any span.
         sf[5 * 4 + 3] = 160;
-        transform_weights(Recipe::Mx32, &w, &sf, e, n, k).unwrap();
+        transform_weights(Mma::Bf16, &w, &sf, e, n, k).unwrap();
     }
 
     #[test]
     fn bad_shapes_and_scales_are_named() {
         let (w, mut sf) = random_weights(1, 128, 128, 120..=121, 3);
         assert!(matches!(
-            transform_weights(Recipe::G128, &w, &sf, 1, 96, 128),
+            transform_weights(Mma::Fp8, &w, &sf, 1, 96, 128),
             Err(TransformError::NotMultiple { name: "rows", .. })
         ));
         assert!(matches!(
-            transform_weights(Recipe::G128, &w[1..], &sf, 1, 128, 128),
+            transform_weights(Mma::Fp8, &w[1..], &sf, 1, 128, 128),
             Err(TransformError::Size { tensor: "w", .. })
         ));
         sf[7] = 255;
-        let err = transform_weights(Recipe::Mx32, &w, &sf, 1, 128, 128).unwrap_err();
+        let err = transform_weights(Mma::Bf16, &w, &sf, 1, 128, 128).unwrap_err();
         assert!(
             matches!(err, TransformError::ScaleRange { byte: 255, .. }),
             "{err}"

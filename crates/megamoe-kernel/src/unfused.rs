@@ -14,7 +14,7 @@ use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 
-use crate::gemm::{DeviceWeights, GemmCore, GemmError, Pool, TOKEN_TILES, TilePlan};
+use crate::gemm::{DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan};
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::{BLOCK_K, GemmWeights};
 
@@ -68,6 +68,8 @@ pub enum UnfusedError {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PipelineShape {
     pub recipe: Recipe,
+    /// The GEMMs' tensor-core route: [`Mma::Bf16`] (exact, either recipe) or [`Mma::Fp8`] (g128).
+    pub mma: Mma,
     /// H.
     pub hidden: usize,
     /// I.
@@ -89,6 +91,7 @@ impl PipelineShape {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         recipe: Recipe,
+        mma: Mma,
         hidden: usize,
         intermediate: usize,
         num_experts: usize,
@@ -99,6 +102,7 @@ impl PipelineShape {
     ) -> Result<Self, UnfusedError> {
         let shape = Self {
             recipe,
+            mma,
             hidden,
             intermediate,
             num_experts,
@@ -127,17 +131,14 @@ impl PipelineShape {
             .next_multiple_of(POOL_ROW_ALIGN)
     }
 
-    /// The g128 scale tables' row stride: every GEMM tile reads in bounds.
+    /// The FP8 route's scale tables' row stride: every GEMM tile reads in bounds.
     pub fn sf_stride(&self) -> usize {
         (self.pool_rows + MAX_TILE).next_multiple_of(POOL_ROW_ALIGN)
     }
 
-    /// Bytes per pool element: E4M3 for g128, BF16 for mx32.
+    /// Bytes per pool element: E4M3 for the FP8 route, BF16 for the BF16 route.
     pub fn act_elem(&self) -> usize {
-        match self.recipe {
-            Recipe::G128 => 1,
-            Recipe::Mx32 => 2,
-        }
+        self.mma.act_elem()
     }
 
     pub fn validate(&self) -> Result<(), UnfusedError> {
@@ -147,6 +148,12 @@ impl PipelineShape {
                 detail,
             })
         };
+        if !self.mma.supports(self.recipe) {
+            return bad(format!(
+                "the {} tensor-core route does not compute {}: it promotes once per 128 channels",
+                self.mma, self.recipe
+            ));
+        }
         if self.hidden == 0 || !self.hidden.is_multiple_of(BLOCK_K) {
             return bad(format!(
                 "H = {} is not a positive multiple of 128",
@@ -390,24 +397,31 @@ const _: () = {
     assert!(size_of::<CombineReduceParams>() == 40);
 };
 
-/// The glue kernels' specialization for `recipe`.
-pub fn glue_spec(recipe: Recipe) -> KernelSpec {
+/// The glue kernels' specialization for `recipe`'s activation group and `mma`'s pool format.
+pub fn glue_spec(recipe: Recipe, mma: Mma) -> KernelSpec {
     KernelSpec::new(
-        format!("megamoe-kernel/sm90_unfused/{recipe}"),
+        format!("megamoe-kernel/sm90_unfused/{recipe}/{mma}"),
         UNFUSED_SOURCE,
     )
     .header(fp_formats::CUDA_HEADER)
     .header(UNFUSED_HEADER)
     .define("UF_G", recipe.group())
+    .define("UF_FP8_POOL", u8::from(mma == Mma::Fp8))
     .no_spill()
 }
 
 /// Every glue specialization, for `cargo xtask kernels`.
 pub fn kernels() -> Vec<KernelSpec> {
-    [Recipe::G128, Recipe::Mx32].map(glue_spec).to_vec()
+    [
+        (Recipe::G128, Mma::Fp8),
+        (Recipe::G128, Mma::Bf16),
+        (Recipe::Mx32, Mma::Bf16),
+    ]
+    .map(|(recipe, mma)| glue_spec(recipe, mma))
+    .to_vec()
 }
 
-/// The four glue kernels of one recipe, loaded on one GPU.
+/// The four glue kernels of one (recipe, route), loaded on one GPU.
 pub struct GlueKernels {
     pub recipe: Recipe,
     dispatch: Kernel,
@@ -417,9 +431,9 @@ pub struct GlueKernels {
 }
 
 impl GlueKernels {
-    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe) -> Result<Self, UnfusedError> {
+    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe, mma: Mma) -> Result<Self, UnfusedError> {
         let arch = gpu.info().arch().unwrap_or(Arch::Sm90a);
-        let compiled = jit.compile(&glue_spec(recipe), arch)?;
+        let compiled = jit.compile(&glue_spec(recipe, mma), arch)?;
         let module = gpu.load_module(&compiled.cubin)?;
         Ok(Self {
             recipe,
@@ -543,26 +557,26 @@ impl Pipeline {
         let el = shape.experts_per_rank();
         let (h, i) = (shape.hidden, shape.intermediate);
         for (name, w, n, k) in [("w1", w1, 2 * i, h), ("w2", w2, h, i)] {
-            if w.recipe != shape.recipe || w.num_experts != el || w.n != n || w.k != k {
+            if w.mma != shape.mma || w.num_experts != el || w.n != n || w.k != k {
                 return Err(UnfusedError::Shape {
                     what: name,
                     detail: format!(
                         "transformed for {} with {} experts of {}×{}, the pipeline needs {} with {el} of {n}×{k}",
-                        w.recipe, w.num_experts, w.n, w.k, shape.recipe
+                        w.mma, w.num_experts, w.n, w.k, shape.mma
                     ),
                 });
             }
         }
         let rows = shape.pool_rows;
         let elem = shape.act_elem();
-        let sf_len = |k: usize| match shape.recipe {
-            Recipe::G128 => k / BLOCK_K * shape.sf_stride(),
-            Recipe::Mx32 => 1,
+        let sf_len = |k: usize| match shape.mma {
+            Mma::Fp8 => k / BLOCK_K * shape.sf_stride(),
+            Mma::Bf16 => 1,
         };
         Ok(Self {
             shape,
             rank,
-            glue: GlueKernels::new(gpu, jit, shape.recipe)?,
+            glue: GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?,
             cores: (0..2 * TOKEN_TILES.len()).map(|_| None).collect(),
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
@@ -788,7 +802,7 @@ impl Pipeline {
             .expect("a listed tile");
         let slot = 2 * tile + usize::from(row_base);
         if self.cores[slot].is_none() {
-            let plan = TilePlan::new(self.shape.recipe, bn)?.with_row_base(row_base);
+            let plan = TilePlan::new(self.shape.mma, bn)?.with_row_base(row_base);
             self.cores[slot] = Some(GemmCore::new(gpu, jit, plan)?);
         }
         Ok(slot)
@@ -797,7 +811,7 @@ impl Pipeline {
     /// The GEMM's token tile for this forward's pool.
     pub fn tokens_per_tile(&self) -> usize {
         TilePlan::tokens_per_tile_for(
-            self.shape.recipe,
+            self.shape.mma,
             self.plan
                 .as_ref()
                 .map_or(0.0, PoolPlan::avg_rows_of_hit_experts),
@@ -820,7 +834,7 @@ impl Pipeline {
         };
         let pool = Pool {
             act,
-            act_sf: (self.shape.recipe == Recipe::G128).then_some(sf),
+            act_sf: (self.shape.mma == Mma::Fp8).then_some(sf),
             sf_stride: self.shape.sf_stride(),
             rows: plan.rows,
             expert_offset: &plan.expert_offset,
@@ -1062,7 +1076,7 @@ mod tests {
             .iter()
             .map(|x| expert_counts(x, k, e).unwrap())
             .collect();
-        let cap = PipelineShape::new(Recipe::Mx32, 128, 128, e, k, r, t, None)
+        let cap = PipelineShape::new(Recipe::Mx32, Mma::Bf16, 128, 128, e, k, r, t, None)
             .unwrap()
             .pool_rows;
         let plans: Vec<PoolPlan> = (0..r)
@@ -1093,15 +1107,20 @@ mod tests {
 
     #[test]
     fn shapes_are_validated() {
-        let ok = PipelineShape::new(Recipe::G128, 256, 128, 8, 2, 2, 7, Some(10.0)).unwrap();
+        let ok =
+            PipelineShape::new(Recipe::G128, Mma::Fp8, 256, 128, 8, 2, 2, 7, Some(10.0)).unwrap();
         assert_eq!(ok.pool_rows, (2 * 7 * 2 + 4 * 15usize).next_multiple_of(16));
         assert_eq!(ok.sf_stride() % 16, 0);
         assert!(ok.sf_stride() >= ok.pool_rows + MAX_TILE);
-        assert!(PipelineShape::new(Recipe::G128, 200, 128, 8, 2, 2, 7, None).is_err());
-        assert!(PipelineShape::new(Recipe::G128, 256, 128, 9, 2, 2, 7, None).is_err());
-        assert!(PipelineShape::new(Recipe::G128, 256, 128, 8, 0, 2, 7, None).is_err());
+        assert!(PipelineShape::new(Recipe::G128, Mma::Fp8, 200, 128, 8, 2, 2, 7, None).is_err());
+        assert!(PipelineShape::new(Recipe::G128, Mma::Fp8, 256, 128, 9, 2, 2, 7, None).is_err());
+        assert!(PipelineShape::new(Recipe::G128, Mma::Fp8, 256, 128, 8, 0, 2, 7, None).is_err());
+        // FP8 promotes once per 128 channels: it cannot compute mx32.
+        assert!(PipelineShape::new(Recipe::Mx32, Mma::Fp8, 256, 128, 8, 2, 2, 7, None).is_err());
+        assert!(PipelineShape::new(Recipe::G128, Mma::Bf16, 256, 128, 8, 2, 2, 7, None).is_ok());
         // T = 0 still has valid (empty) pools.
-        let empty = PipelineShape::new(Recipe::Mx32, 256, 128, 8, 2, 1, 0, None).unwrap();
+        let empty =
+            PipelineShape::new(Recipe::Mx32, Mma::Bf16, 256, 128, 8, 2, 1, 0, None).unwrap();
         assert_eq!(empty.pool_rows, 128);
     }
 

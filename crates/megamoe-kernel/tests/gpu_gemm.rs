@@ -1,14 +1,21 @@
 //! The Hopper grouped GEMM on a GPU against the contract's reference (f64 sums of exact products,
-//! rounded once): both recipes, every tokens-per-tile specialization, the shapes of every preset
-//! and odd ones, experts with 0, 1, 7, 129 rows and one holding half of all rows. The output is
+//! rounded once): every (recipe, tensor-core route) pair, every tokens-per-tile specialization,
+//! the shapes of every preset and odd ones, experts with 0, 1, 7, 129 rows and one holding half of all rows. The output is
 //! poisoned first; every row of every expert must be written and the padding between experts not.
 
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
 use megamoe_kernel::problem::{ActPool, ExpertWeights, reference_rows};
-use megamoe_kernel::{DeviceWeights, GemmCore, Pool, TilePlan, transform_weights};
+use megamoe_kernel::{DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights};
 
 const POISON: u16 = 0xFFFF; // a BF16 NaN
+
+/// Every route the GEMM offers: g128 through FP8 (fast) and BF16 (exact), mx32 through BF16.
+const ROUTES: [(Recipe, Mma); 3] = [
+    (Recipe::G128, Mma::Fp8),
+    (Recipe::G128, Mma::Bf16),
+    (Recipe::Mx32, Mma::Bf16),
+];
 
 fn calc_diff(a: &[f64], b: &[f64]) -> f64 {
     let (mut ab, mut sq) = (0.0, 0.0);
@@ -21,6 +28,7 @@ fn calc_diff(a: &[f64], b: &[f64]) -> f64 {
 
 struct Case<'a> {
     recipe: Recipe,
+    mma: Mma,
     tokens_per_tile: Option<usize>,
     expert_rows: &'a [usize],
     n: usize,
@@ -35,6 +43,7 @@ struct Case<'a> {
 fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let Case {
         recipe,
+        mma,
         tokens_per_tile,
         expert_rows,
         n,
@@ -47,10 +56,10 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     if wide_rows {
         weights.w_sf[..4].iter_mut().for_each(|b| *b -= 12);
     }
-    let transformed = transform_weights(recipe, &weights.w, &weights.w_sf, experts, n, k).unwrap();
+    let transformed = transform_weights(mma, &weights.w, &weights.w_sf, experts, n, k).unwrap();
     assert_eq!(
         transformed.row_base,
-        recipe == Recipe::G128 && !wide_rows,
+        mma == Mma::Fp8 && !wide_rows,
         "fold base mode"
     );
     let device_weights = DeviceWeights::upload(gpu, &transformed).unwrap();
@@ -58,23 +67,19 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let hit: Vec<usize> = expert_rows.iter().copied().filter(|&r| r > 0).collect();
     let bn = tokens_per_tile.unwrap_or_else(|| {
         TilePlan::tokens_per_tile_for(
-            recipe,
+            mma,
             hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64,
         )
     });
-    let plan = TilePlan::new(recipe, bn)
+    let plan = TilePlan::new(mma, bn)
         .unwrap()
         .with_row_base(transformed.row_base);
     let core = GemmCore::new(gpu, jit, plan).unwrap();
 
     let sf_stride = pool.sf_stride(bn);
-    let (act, act_sf) = match recipe {
-        Recipe::G128 => (
-            gpu.upload(&pool.q).unwrap(),
-            Some(gpu.upload(&pool.g128_scales(sf_stride)).unwrap()),
-        ),
-        Recipe::Mx32 => (gpu.upload(&pool.mx32_widened()).unwrap(), None),
-    };
+    let (act, act_sf) = pool.device_image(mma, sf_stride);
+    let act = gpu.upload(&act).unwrap();
+    let act_sf = act_sf.map(|sf| gpu.upload(&sf).unwrap());
     let offsets_dev = gpu.upload(&pool.expert_offset).unwrap();
     let rows_dev = gpu.upload(&pool.expert_rows).unwrap();
     let device_pool = Pool {
@@ -103,7 +108,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
             let unwritten = line.iter().filter(|&&v| v == POISON).count();
             assert_eq!(
                 unwritten, 0,
-                "{recipe} bn {bn}: expert {e} pool row {row}: {unwritten} of {n} outputs not written (or NaN)"
+                "{recipe}/{mma} bn {bn}: expert {e} pool row {row}: {unwritten} of {n} outputs not written (or NaN)"
             );
         }
         // Every row of small experts; the ends and a stride of large ones.
@@ -127,7 +132,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         if !owned {
             assert!(
                 out[row * n..][..n].iter().all(|&v| v == POISON),
-                "{recipe} bn {bn}: padding row {row} was written"
+                "{recipe}/{mma} bn {bn}: padding row {row} was written"
             );
         }
     }
@@ -138,7 +143,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         "block base"
     };
     eprintln!(
-        "{recipe} bn {bn:>3} {base} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
+        "{recipe}/{mma:<4} bn {bn:>3} {base} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
         got.len()
     );
     (diff, differ)
@@ -155,13 +160,14 @@ fn setup() -> (Gpu, Jit) {
 #[ignore = "needs a CUDA GPU"]
 fn every_specialization_matches_the_reference() {
     let (gpu, jit) = setup();
-    for recipe in [Recipe::G128, Recipe::Mx32] {
-        for &bn in megamoe_kernel::gemm::token_tiles(recipe) {
+    for (recipe, mma) in ROUTES {
+        for &bn in megamoe_kernel::gemm::token_tiles(mma) {
             let (diff, _) = run(
                 &gpu,
                 &jit,
                 Case {
                     recipe,
+                    mma,
                     tokens_per_tile: Some(bn),
                     expert_rows: &[0, 1, 7, 129, 40, 16],
                     n: 256,
@@ -170,7 +176,7 @@ fn every_specialization_matches_the_reference() {
                     wide_rows: false,
                 },
             );
-            assert!(diff <= 1e-5, "{recipe} bn {bn}: calc_diff {diff:e}");
+            assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
         }
     }
 }
@@ -179,7 +185,7 @@ fn every_specialization_matches_the_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn skewed_and_odd_shapes_match_the_reference() {
     let (gpu, jit) = setup();
-    for recipe in [Recipe::G128, Recipe::Mx32] {
+    for (recipe, mma) in ROUTES {
         for (rows, n, k) in [
             (&[600usize, 50, 50, 100, 0, 200][..], 384, 640),
             (&[1, 0, 0, 2][..], 128, 128),
@@ -190,6 +196,7 @@ fn skewed_and_odd_shapes_match_the_reference() {
                 &jit,
                 Case {
                     recipe,
+                    mma,
                     tokens_per_tile: None,
                     expert_rows: rows,
                     n,
@@ -200,7 +207,7 @@ fn skewed_and_odd_shapes_match_the_reference() {
             );
             assert!(
                 diff <= 1e-5,
-                "{recipe} {rows:?} {n}x{k}: calc_diff {diff:e}"
+                "{recipe}/{mma} {rows:?} {n}x{k}: calc_diff {diff:e}"
             );
         }
     }
@@ -217,7 +224,7 @@ fn preset_shapes_match_the_reference() {
         ("v4-pro", 7168, 3072),
         ("v3", 7168, 2048),
     ];
-    for recipe in [Recipe::G128, Recipe::Mx32] {
+    for (recipe, mma) in ROUTES {
         for (name, h, i) in presets {
             for (layer, n, k) in [("L1", 2 * i, h), ("L2", h, i)] {
                 let (diff, _) = run(
@@ -225,6 +232,7 @@ fn preset_shapes_match_the_reference() {
                     &jit,
                     Case {
                         recipe,
+                        mma,
                         tokens_per_tile: None,
                         expert_rows: &[3, 70, 0, 33],
                         n,
@@ -233,7 +241,10 @@ fn preset_shapes_match_the_reference() {
                         wide_rows: false,
                     },
                 );
-                assert!(diff <= 1e-5, "{recipe} {name} {layer}: calc_diff {diff:e}");
+                assert!(
+                    diff <= 1e-5,
+                    "{recipe}/{mma} {name} {layer}: calc_diff {diff:e}"
+                );
             }
         }
     }
@@ -249,6 +260,7 @@ fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
             &jit,
             Case {
                 recipe: Recipe::G128,
+                mma: Mma::Fp8,
                 tokens_per_tile: Some(bn),
                 expert_rows: &[5, 140, 0, 33],
                 n: 256,

@@ -1,5 +1,5 @@
 //! `megamoe bench`: the unfused CUDA pipeline ([`crate::cuda`]) timed on R local GPUs for a preset,
-//! per recipe and tokens per rank, next to the bytes and FLOPs it must move and do
+//! per route (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
 //! (`moe_sched::Plan`, uniform routing): device-side time (everything but the host's upload of the
 //! inputs and download of y), TFLOPS = 2·pairs·H·3I / t, HBM GB/s of the plan's bytes, each
 //! stage's share, and on several ranks the communication stages alone (dispatch + combine) with the
@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use megamoe_kernel::Mma;
 use megamoe_kernel::problem::ExpertWeights;
 use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
@@ -23,7 +24,8 @@ use crate::{Config, RankWeights, Recipe};
 pub struct BenchOptions {
     pub config: Config,
     pub tokens: Vec<usize>,
-    pub recipes: Vec<Recipe>,
+    /// (recipe, GEMM tensor-core route) pairs.
+    pub routes: Vec<(Recipe, Mma)>,
     /// Timed forwards per point (after one warm-up).
     pub reps: usize,
 }
@@ -32,6 +34,8 @@ pub struct BenchOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchRow {
     pub recipe: Recipe,
+    #[serde(serialize_with = "serialize_display")]
+    pub mma: Mma,
     pub ranks: usize,
     pub tokens_per_rank: usize,
     /// Routed (token, slot) pairs of rank 0.
@@ -48,7 +52,7 @@ pub struct BenchRow {
     pub stage_shares: Vec<(String, f64)>,
 }
 
-/// Runs every (recipe, tokens) point; `progress` is called after each.
+/// Runs every (route, tokens) point; `progress` is called after each.
 pub fn run(
     opts: &BenchOptions,
     mut progress: impl FnMut(&BenchRow),
@@ -73,7 +77,7 @@ pub fn run(
         })
         .collect();
     let mut rows = Vec::new();
-    for &recipe in &opts.recipes {
+    for &(recipe, mma) in &opts.routes {
         let config = opts.config.with_recipe(recipe);
         let inputs: Vec<Vec<_>> = opts
             .tokens
@@ -93,7 +97,7 @@ pub fn run(
         // Every rank times every point; rank 0's times are reported (ranks meet at barriers).
         let times = run_local(ranks, |world| {
             let me = world.rank();
-            let mut rank = CudaRank::new(world, &config, max_tokens, &weights[me])?;
+            let mut rank = CudaRank::new(world, &config, max_tokens, mma, &weights[me])?;
             let mut out = Vec::new();
             for point in &inputs {
                 rank.forward(&point[me])?; // warm-up: JIT of the GEMM tiles, first touch
@@ -105,7 +109,7 @@ pub fn run(
             Ok(out)
         })?;
         for (point, runs) in inputs.iter().zip(&times[0]) {
-            let row = summarize(&config, recipe, &point[0], runs);
+            let row = summarize(&config, mma, &point[0], runs);
             progress(&row);
             rows.push(row);
         }
@@ -113,9 +117,13 @@ pub fn run(
     Ok(rows)
 }
 
+fn serialize_display<S: serde::Serializer>(v: &Mma, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
 fn summarize(
     config: &Config,
-    recipe: Recipe,
+    mma: Mma,
     inputs: &crate::RankInputs,
     runs: &[StageTimes],
 ) -> BenchRow {
@@ -130,7 +138,7 @@ fn summarize(
     let pairs = inputs.topk_idx.iter().filter(|&&e| e >= 0).count();
     let flops = 2.0 * pairs as f64 * (config.hidden * 3 * config.intermediate) as f64;
     let plan = Plan::new(PlanConfig {
-        act_scale_group: recipe.group() as u32,
+        act_scale_group: config.recipe.group() as u32,
         ..PlanConfig::new(
             config.hidden as u32,
             config.intermediate as u32,
@@ -158,7 +166,8 @@ fn summarize(
         })
         .collect();
     BenchRow {
-        recipe,
+        recipe: config.recipe,
+        mma,
         ranks: config.num_ranks,
         tokens_per_rank: inputs.tokens,
         pairs,
@@ -178,7 +187,7 @@ fn summarize(
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "recipe  R      T  pairs |  device us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | stages";
+    pub const HEADER: &str = "route      R      T  pairs |  device us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | stages";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -190,8 +199,8 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<6} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
-            self.recipe.name(),
+            "{:<9} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            format!("{}/{}", self.recipe, self.mma),
             self.ranks,
             self.tokens_per_rank,
             self.pairs,

@@ -2,15 +2,16 @@
 //! SwiGLU + re-quantization → L2 GEMM → combine, one launch each) on R local GPUs, one thread per
 //! rank over [`World::local`]. The ranks exchange buffer addresses once and expert counts per
 //! forward with `all_gather`, and meet at a host barrier after each stage that writes into a
-//! peer's memory (dispatch, combine). Bitwise equal to the CPU reference for the GEMM's rounding
-//! and the contract's epilogue order; accepted at calc_diff ≤ 1e-5 (DESIGN §1).
+//! peer's memory (dispatch, combine). The GEMMs' tensor-core route ([`Mma`]) is the caller's
+//! choice: BF16 is exact for both recipes (accepted at calc_diff ≤ 1e-5, DESIGN §1; bit-exact on
+//! the H200 so far); FP8 (g128 only) is faster but accumulates with Hopper's FP8 tensor core.
 
 use std::time::{Duration, Instant};
 
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
-use megamoe_kernel::transform_weights;
 use megamoe_kernel::unfused::{PeerAddresses, Pipeline, PipelineShape, UnfusedError};
+use megamoe_kernel::{Mma, transform_weights};
 use symm_mem::{World, WorldError};
 
 use crate::{Config, Problem, RankInputs, RankWeights};
@@ -86,10 +87,15 @@ impl StageTimes {
     }
 }
 
-/// The pipeline's shape for `config` with `max_tokens` tokens per rank.
-pub fn pipeline_shape(config: &Config, max_tokens: usize) -> Result<PipelineShape, CudaError> {
+/// The pipeline's shape for `config` with `max_tokens` tokens per rank, GEMMs through `mma`.
+pub fn pipeline_shape(
+    config: &Config,
+    max_tokens: usize,
+    mma: Mma,
+) -> Result<PipelineShape, CudaError> {
     Ok(PipelineShape::new(
         config.recipe,
+        mma,
         config.hidden,
         config.intermediate,
         config.num_experts,
@@ -109,15 +115,21 @@ pub struct CudaRank<'w> {
 }
 
 impl<'w> CudaRank<'w> {
-    /// Collective: transforms and uploads this rank's `weights`, allocates the pools for
-    /// `max_tokens` tokens per rank and exchanges buffer addresses with the other ranks.
+    /// Collective: transforms and uploads this rank's `weights` for the `mma` route, allocates the
+    /// pools for `max_tokens` tokens per rank and exchanges buffer addresses with the other ranks.
     pub fn new(
         world: &'w World,
         config: &Config,
         max_tokens: usize,
+        mma: Mma,
         weights: &RankWeights,
     ) -> Result<Self, CudaError> {
-        Self::with_shape(world, config, pipeline_shape(config, max_tokens)?, weights)
+        Self::with_shape(
+            world,
+            config,
+            pipeline_shape(config, max_tokens, mma)?,
+            weights,
+        )
     }
 
     /// [`CudaRank::new`] with an explicit shape (e.g. smaller pools than the worst case).
@@ -140,8 +152,8 @@ impl<'w> CudaRank<'w> {
             config.intermediate,
             config.experts_per_rank(),
         );
-        let w1 = transform_weights(config.recipe, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
-        let w2 = transform_weights(config.recipe, &weights.w2, &weights.w2_sf, el, h, i)?;
+        let w1 = transform_weights(shape.mma, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
+        let w2 = transform_weights(shape.mma, &weights.w2, &weights.w2_sf, el, h, i)?;
         let gpu = world.local_gpu();
         let jit = Jit::new()?;
         let mut pipe = Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2)?;
@@ -308,22 +320,25 @@ pub fn run_local<T: Send>(
     results.into_iter().collect()
 }
 
-/// The whole problem on `problem.config.num_ranks` local GPUs: y of every rank.
-pub fn forward(problem: &Problem) -> Result<Vec<Vec<bf16>>, CudaError> {
-    Ok(forward_timed(problem)?
+/// The whole problem on `problem.config.num_ranks` local GPUs, GEMMs through `mma`: y of every rank.
+pub fn forward(problem: &Problem, mma: Mma) -> Result<Vec<Vec<bf16>>, CudaError> {
+    Ok(forward_timed(problem, mma)?
         .into_iter()
         .map(|(y, _)| y)
         .collect())
 }
 
 /// [`forward`] with each rank's stage times.
-pub fn forward_timed(problem: &Problem) -> Result<Vec<(Vec<bf16>, StageTimes)>, CudaError> {
+pub fn forward_timed(
+    problem: &Problem,
+    mma: Mma,
+) -> Result<Vec<(Vec<bf16>, StageTimes)>, CudaError> {
     problem.validate()?;
     let config = &problem.config;
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     run_local(config.num_ranks, |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, config, max_tokens, &problem.weights[r])?;
+        let mut rank = CudaRank::new(world, config, max_tokens, mma, &problem.weights[r])?;
         rank.forward(&problem.inputs[r])
     })
 }
@@ -345,7 +360,7 @@ mod tests {
             seed: 1,
             mask_fraction: 0.0,
         });
-        let err = forward(&problem).expect_err("no machine here has 64 GPUs");
+        let err = forward(&problem, Mma::EXACT).expect_err("no machine here has 64 GPUs");
         // No GPU: a driver error; fewer than 64: NotEnoughGpus.
         assert!(!err.to_string().is_empty());
         if let CudaError::NotEnoughGpus { need, .. } = err {

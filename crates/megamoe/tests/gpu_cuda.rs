@@ -1,16 +1,30 @@
-//! The CUDA backend (unfused pipeline) on 1 and 2 local GPUs against the CPU reference: both
-//! recipes, the tiny preset and the per-rank shapes of DeepSeek-V4-Flash / -Pro with few experts,
-//! T ∈ {0, 1, 7, 128}, masked slots, all-masked tokens, skewed routing, a rank without tokens, and
-//! the same pipeline reused for several forwards (outputs poisoned before each). Accepted at
-//! calc_diff ≤ 1e-5 with every element written and no NaN; the number of BF16 values that differ
-//! from the reference is printed (0 expected for mx32, a few at most for g128).
+//! The CUDA backend (unfused pipeline) on 1 and 2 local GPUs against the CPU reference: every
+//! route (g128 and mx32 through the exact BF16 tensor-core route, g128 through FP8), the tiny
+//! preset and the per-rank shapes of DeepSeek-V4-Flash / -Pro with few experts, T ∈ {0, 1, 7, 128},
+//! masked slots, all-masked tokens, skewed routing, a rank without tokens, and the same pipeline
+//! reused for several forwards (outputs poisoned before each). The exact route is accepted at the
+//! contract's calc_diff ≤ 1e-5 (DESIGN §1), the FP8 route at its documented bound, with every
+//! element written and no NaN; the number of BF16 values that differ from the reference is printed
+//! (0 expected on the BF16 route).
 
 use megamoe::check::calc_diff;
 use megamoe::cuda::{CudaRank, run_local};
 use megamoe::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, Recipe, reference};
+use megamoe_kernel::Mma;
 
+/// The contract's acceptance (DESIGN §1), for the exact BF16 route.
 const TOL: f64 = 1e-5;
+/// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
+/// SwiGLU's re-quantization turns the GEMM's 5e-7 into 1–3e-5 on V4 shapes (H200, 2026-11-30).
+const FP8_TOL: f64 = 5e-5;
+
+/// Every (recipe, route) of the pipeline.
+const ROUTES: [(Recipe, Mma); 3] = [
+    (Recipe::Mx32, Mma::Bf16),
+    (Recipe::G128, Mma::Bf16),
+    (Recipe::G128, Mma::Fp8),
+];
 
 /// The first `t` tokens of `inputs`.
 fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
@@ -54,6 +68,7 @@ fn skew(problem: &mut Problem) {
 /// y of every rank checked against the reference.
 fn compare(
     what: &str,
+    mma: Mma,
     config: &Config,
     inputs: &[RankInputs],
     got: &[Vec<fp_formats::bf16>],
@@ -99,13 +114,14 @@ fn compare(
                 w[i]
             ))
         );
+        let tol = if mma == Mma::Fp8 { FP8_TOL } else { TOL };
         assert!(
-            diff <= TOL,
-            "{what}: rank {r}: calc_diff {diff:.3e} > {TOL:e} ({differ} values differ)"
+            diff <= tol,
+            "{what}: rank {r}: calc_diff {diff:.3e} > {tol:e} ({differ} values differ)"
         );
-        if config.recipe == Recipe::Mx32 && differ > 0 {
+        if mma == Mma::Bf16 && differ > 0 {
             eprintln!(
-                "{what}: rank {r}: NOTE mx32 is expected bitwise equal; {differ} values differ"
+                "{what}: rank {r}: NOTE the BF16 route is expected bitwise equal; {differ} values differ"
             );
         }
     }
@@ -114,7 +130,7 @@ fn compare(
 /// Builds one pipeline per rank for `problem` (T_max = its largest T) and runs, on the same
 /// pipelines, a forward of the first `t` tokens of every rank for each `t` in `token_counts`
 /// (clamped to each rank's T), checking each against the reference.
-fn run_sweep(what: &str, problem: &Problem, token_counts: &[usize]) {
+fn run_sweep(what: &str, problem: &Problem, mma: Mma, token_counts: &[usize]) {
     let config = &problem.config;
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     let cases: Vec<Vec<RankInputs>> = token_counts
@@ -133,7 +149,7 @@ fn run_sweep(what: &str, problem: &Problem, token_counts: &[usize]) {
         .collect();
     let got = run_local(config.num_ranks, |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, config, max_tokens, &problem.weights[r])?;
+        let mut rank = CudaRank::new(world, config, max_tokens, mma, &problem.weights[r])?;
         let mut ys = Vec::new();
         for inputs in &cases {
             rank.poison()?;
@@ -157,6 +173,7 @@ fn run_sweep(what: &str, problem: &Problem, token_counts: &[usize]) {
                 "{what}, T = {:?}",
                 inputs.iter().map(|x| x.tokens).collect::<Vec<_>>()
             ),
+            mma,
             config,
             inputs,
             &got,
@@ -181,24 +198,30 @@ fn v4_pro_shape(experts: usize) -> Config {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn tiny_one_gpu_token_sweep_both_recipes() {
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+fn tiny_one_gpu_token_sweep_every_route() {
+    for (recipe, mma) in ROUTES {
         let config = Config::tiny().with_recipe(recipe);
         let p = problem(config, 128, 11, 0.25);
-        run_sweep(&format!("tiny {recipe} R=1"), &p, &[128, 7, 1, 0, 128]);
+        run_sweep(
+            &format!("tiny {recipe}/{mma} R=1"),
+            &p,
+            mma,
+            &[128, 7, 1, 0, 128],
+        );
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+    for (recipe, mma) in ROUTES {
         let config = Config::tiny().with_recipe(recipe).with_clamp(Some(0.5));
         let mut p = problem(config, 128, 12, 0.1);
         skew(&mut p);
         run_sweep(
-            &format!("tiny skewed clamp 0.5 {recipe} R=1"),
+            &format!("tiny skewed clamp 0.5 {recipe}/{mma} R=1"),
             &p,
+            mma,
             &[128, 7],
         );
     }
@@ -207,11 +230,12 @@ fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v4_flash_shape_one_gpu() {
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+    for (recipe, mma) in ROUTES {
         let p = problem(v4_flash_shape(16).with_recipe(recipe), 7, 13, 0.2);
         run_sweep(
-            &format!("v4-flash shape (16 experts) {recipe} R=1"),
+            &format!("v4-flash shape (16 experts) {recipe}/{mma} R=1"),
             &p,
+            mma,
             &[7, 1],
         );
     }
@@ -220,11 +244,12 @@ fn v4_flash_shape_one_gpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v4_pro_shape_one_gpu() {
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+    for (recipe, mma) in ROUTES {
         let p = problem(v4_pro_shape(8).with_recipe(recipe), 7, 14, 0.1);
         run_sweep(
-            &format!("v4-pro shape (8 experts) {recipe} R=1"),
+            &format!("v4-pro shape (8 experts) {recipe}/{mma} R=1"),
             &p,
+            mma,
             &[7, 1],
         );
     }
@@ -232,14 +257,19 @@ fn v4_pro_shape_one_gpu() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn tiny_two_gpus_token_sweep_both_recipes() {
+fn tiny_two_gpus_token_sweep_every_route() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+    for (recipe, mma) in ROUTES {
         let config = Config::tiny().with_recipe(recipe).with_ranks(2);
         let p = problem(config, 128, 21, 0.25);
-        run_sweep(&format!("tiny {recipe} R=2"), &p, &[128, 7, 1, 0]);
+        run_sweep(
+            &format!("tiny {recipe}/{mma} R=2"),
+            &p,
+            mma,
+            &[128, 7, 1, 0],
+        );
     }
 }
 
@@ -249,18 +279,28 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+    for (recipe, mma) in ROUTES {
         let config = Config::tiny()
             .with_recipe(recipe)
             .with_ranks(2)
             .with_clamp(Some(1.0));
         let mut p = problem(config, 128, 22, 0.1);
         skew(&mut p);
-        run_sweep(&format!("tiny skewed {recipe} R=2"), &p, &[128, 7]);
+        run_sweep(
+            &format!("tiny skewed {recipe}/{mma} R=2"),
+            &p,
+            mma,
+            &[128, 7],
+        );
         // Rank 0 without tokens: it only serves rank 1's tokens.
         let mut p = problem(config, 64, 23, 0.1);
         p.inputs[0] = truncate(&p.inputs[0], &config, 0);
-        run_sweep(&format!("tiny rank 0 empty {recipe} R=2"), &p, &[64]);
+        run_sweep(
+            &format!("tiny rank 0 empty {recipe}/{mma} R=2"),
+            &p,
+            mma,
+            &[64],
+        );
     }
 }
 
@@ -270,7 +310,7 @@ fn v4_pro_shape_two_gpus() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    for recipe in [Recipe::Mx32, Recipe::G128] {
+    for (recipe, mma) in ROUTES {
         let p = problem(
             v4_pro_shape(8).with_recipe(recipe).with_ranks(2),
             7,
@@ -278,8 +318,9 @@ fn v4_pro_shape_two_gpus() {
             0.1,
         );
         run_sweep(
-            &format!("v4-pro shape (8 experts) {recipe} R=2"),
+            &format!("v4-pro shape (8 experts) {recipe}/{mma} R=2"),
             &p,
+            mma,
             &[7, 1],
         );
     }
@@ -291,13 +332,13 @@ fn capacity_overflow_and_token_overflow_are_refused() {
     let config = Config::tiny().with_recipe(Recipe::G128);
     let p = problem(config, 32, 31, 0.0);
     let errs = run_local(1, |world| {
-        let mut shape = megamoe::cuda::pipeline_shape(&p.config, 32)?;
+        let mut shape = megamoe::cuda::pipeline_shape(&p.config, 32, Mma::Fp8)?;
         shape.pool_rows = 16; // 64 routed pairs cannot fit
         let mut rank = CudaRank::with_shape(world, &p.config, shape, &p.weights[0])?;
         let capacity = rank
             .forward(&p.inputs[0])
             .expect_err("16 pool rows are too few");
-        let mut rank = CudaRank::new(world, &p.config, 8, &p.weights[0])?;
+        let mut rank = CudaRank::new(world, &p.config, 8, Mma::Fp8, &p.weights[0])?;
         let tokens = rank.forward(&p.inputs[0]).expect_err("32 tokens > T_max 8");
         Ok((capacity.to_string(), tokens.to_string()))
     })

@@ -11,6 +11,8 @@ use megamoe::files::{self, Output};
 use megamoe::generate::{self, GenOptions};
 use megamoe::reference::Forward;
 use megamoe::{Config, Recipe};
+use megamoe_kernel::Mma;
+use megamoe_kernel::gemm::parse_route;
 use moe_sched::{Plan, PlanConfig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -41,6 +43,10 @@ enum Command {
         /// cpu-dataflow: dispatch threads per rank.
         #[arg(long, default_value_t = EngineOptions::default().dispatch_threads_per_rank)]
         dispatch_threads: usize,
+        /// cuda: the GEMMs' tensor-core route. `bf16` is exact for both recipes; `fp8` (g128 only)
+        /// is faster but accumulates with Hopper's FP8 tensor core (calc_diff ≈ 1–3e-5 on V4 shapes).
+        #[arg(long, default_value_t = Mma::EXACT)]
+        mma: Mma,
     },
     /// Compare two outputs (y files, or directories of y.rank{r} files): calc_diff and max abs
     /// error; exits non-zero when calc_diff > tol or a NaN shows up.
@@ -72,8 +78,9 @@ struct BenchArgs {
     /// Tokens per rank, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,128,8192")]
     tokens: Vec<usize>,
-    #[arg(long, value_delimiter = ',', default_value = "g128,mx32")]
-    recipes: Vec<Recipe>,
+    /// `recipe/route` pairs: g128/fp8 (fast), g128/bf16 and mx32/bf16 (exact).
+    #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route)]
+    routes: Vec<(Recipe, Mma)>,
     /// Timed forwards per point, after one warm-up.
     #[arg(long, default_value_t = 10)]
     reps: usize,
@@ -164,13 +171,15 @@ fn main() -> anyhow::Result<()> {
         Command::Run {
             dir,
             backend: Backend::Cuda,
+            mma,
             ..
-        } => run_cuda(&dir),
+        } => run_cuda(&dir, mma),
         Command::Run {
             dir,
             backend: Backend::CpuDataflow,
             workers,
             dispatch_threads,
+            ..
         } => run_dataflow(
             &dir,
             EngineOptions {
@@ -347,12 +356,12 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cuda(dir: &Path) -> anyhow::Result<()> {
+fn run_cuda(dir: &Path, mma: Mma) -> anyhow::Result<()> {
     let start = Instant::now();
     let problem = files::read_problem(dir)?;
     let (config, inputs) = (&problem.config, &problem.inputs);
     let t = Instant::now();
-    let run = megamoe::cuda::forward_timed(&problem)?;
+    let run = megamoe::cuda::forward_timed(&problem, mma)?;
     let compute = t.elapsed();
     let pairs = routed_pairs(inputs);
     let stages: Vec<String> = run
@@ -374,7 +383,7 @@ fn run_cuda(dir: &Path) -> anyhow::Result<()> {
         run.into_iter().map(|(y, _)| y).collect(),
     )?;
     println!(
-        "cuda: y per rank {} (BF16), {pairs} routed pairs, {} GPU(s), unfused pipeline, first forward {:.3}s (JIT, weight transform and upload included), total {:.3}s\n{}",
+        "cuda: y per rank {} (BF16), {pairs} routed pairs, {} GPU(s), unfused pipeline, {mma} tensor-core route, first forward {:.3}s (JIT, weight transform and upload included), total {:.3}s\n{}",
         y_shapes(config, inputs),
         config.num_ranks,
         compute.as_secs_f64(),
@@ -485,10 +494,10 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let opts = megamoe::bench::BenchOptions {
         config,
         tokens: args.tokens.clone(),
-        recipes: args.recipes.clone(),
+        routes: args.routes.clone(),
         reps: args.reps.max(1),
     };
-    let bar = ProgressBar::new((args.tokens.len() * args.recipes.len()) as u64);
+    let bar = ProgressBar::new((args.tokens.len() * args.routes.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
     );
