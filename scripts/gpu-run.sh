@@ -35,7 +35,7 @@ if [[ -z "${SKIP_BENCH:-}" ]]; then
   for ranks in 1 2; do
     (( ranks <= gpus )) || continue
     timeout 420 "$bundle/bin/megamoe" bench --preset deepseek-v4-pro --ranks "$ranks" --experts $((48 * ranks)) \
-      --tokens 8,128,8192 --reps 5 2>&1 | tee "$out/pipeline.r$ranks.log" || status=1
+      --tokens 8,128,8192 --routes g128/fp8,g128/bf16,mx32/bf16 --reps 5 2>&1 | tee "$out/pipeline.r$ranks.log" || status=1
   done
 fi
 # The instruction mix of each compiled GEMM: the tensor-core ops must be there, local memory must not.

@@ -39,3 +39,58 @@ impl GpuTimer {
         self.start.elapsed_ms(&self.stop).call("cuEventElapsedTime")
     }
 }
+
+/// Events recorded at marks along one stream, for the device time between consecutive marks
+/// (stage times of a pipeline without a synchronize per stage).
+#[derive(Debug)]
+pub struct EventTrail {
+    events: Vec<CudaEvent>,
+    recorded: usize,
+}
+
+impl EventTrail {
+    /// Room for `marks` marks.
+    pub fn new(gpu: &Gpu, marks: usize) -> Result<Self> {
+        let events = (0..marks)
+            .map(|_| {
+                gpu.context()
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .call("cuEventCreate")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            events,
+            recorded: 0,
+        })
+    }
+
+    /// Forgets the marks of the last round.
+    pub fn clear(&mut self) {
+        self.recorded = 0;
+    }
+
+    /// Records the next mark on `stream`; returns its index. Panics past the capacity.
+    pub fn mark(&mut self, stream: &CudaStream) -> Result<usize> {
+        let i = self.recorded;
+        assert!(
+            i < self.events.len(),
+            "EventTrail holds {} marks",
+            self.events.len()
+        );
+        self.events[i].record(stream).call("cuEventRecord")?;
+        self.recorded += 1;
+        Ok(i)
+    }
+
+    /// Milliseconds from mark `from` to mark `to`; waits for `to` to complete.
+    pub fn between_ms(&self, from: usize, to: usize) -> Result<f32> {
+        assert!(
+            from < self.recorded && to < self.recorded,
+            "marks {from}, {to} of {} recorded",
+            self.recorded
+        );
+        self.events[from]
+            .elapsed_ms(&self.events[to])
+            .call("cuEventElapsedTime")
+    }
+}

@@ -1,9 +1,10 @@
 //! `megamoe bench`: the unfused CUDA pipeline ([`crate::cuda`]) timed on R local GPUs for a preset,
 //! per route (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
-//! (`moe_sched::Plan`, uniform routing): device-side time (everything but the host's upload of the
-//! inputs and download of y), TFLOPS = 2·pairs·H·3I / t, HBM GB/s of the plan's bytes, each
-//! stage's share, and on several ranks the communication stages alone (dispatch + combine) with the
-//! NVLink GB/s of the plan's pulled and written-back bytes.
+//! (`moe_sched::Plan`, uniform routing): device-side wall time (everything but the host's upload of
+//! the inputs and download of y), the kernels' own time (CUDA events), TFLOPS = 2·pairs·H·3I / t
+//! over both, HBM GB/s of the plan's bytes, each stage's share, and on several ranks the
+//! communication kernels alone (dispatch + combine) with the NVLink GB/s of the plan's pulled and
+//! written-back bytes.
 //!
 //! Weights are random MXFP4 codes (`ExpertWeights::random_codes`: realistic bytes without the cost
 //! of quantizing V4-Pro), inputs come from the generator, routing is uniform with no masking.
@@ -40,11 +41,18 @@ pub struct BenchRow {
     pub tokens_per_rank: usize,
     /// Routed (token, slot) pairs of rank 0.
     pub pairs: usize,
+    /// Wall clock from routing to y on the device (host exchanges and barriers included).
     pub device_us: f64,
+    /// The kernels alone (CUDA events).
+    pub kernels_us: f64,
     pub with_host_io_us: f64,
+    /// Over the device wall time.
     pub tflops: f64,
+    /// Over the kernels' time.
+    pub kernel_tflops: f64,
+    /// The plan's HBM bytes over the kernels' time.
     pub hbm_gbps: f64,
-    /// Dispatch + combine alone; with one rank this is local traffic only.
+    /// The dispatch and combine kernels alone; with one rank this is local traffic only.
     pub communication_us: f64,
     /// The plan's NVLink bytes (pull + write-back) over `communication_us`; 0 on one rank.
     pub nvlink_gbps: f64,
@@ -133,6 +141,7 @@ fn summarize(
         v[v.len() / 2].as_secs_f64()
     };
     let device = median(&StageTimes::device);
+    let kernels = median(&StageTimes::kernels);
     let with_io = median(&StageTimes::total);
     let communication = median(&|t: &StageTimes| t.dispatch + t.combine);
     let pairs = inputs.topk_idx.iter().filter(|&&e| e >= 0).count();
@@ -172,9 +181,11 @@ fn summarize(
         tokens_per_rank: inputs.tokens,
         pairs,
         device_us: device * 1e6,
+        kernels_us: kernels * 1e6,
         with_host_io_us: with_io * 1e6,
         tflops: flops / device / 1e12,
-        hbm_gbps: hbm / device / 1e9,
+        kernel_tflops: flops / kernels.max(1e-12) / 1e12,
+        hbm_gbps: hbm / kernels.max(1e-12) / 1e9,
         communication_us: communication * 1e6,
         nvlink_gbps: if communication > 0.0 {
             nvlink / communication / 1e9
@@ -187,7 +198,7 @@ fn summarize(
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route      R      T  pairs |  device us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | stages";
+    pub const HEADER: &str = "route      R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | stages";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -199,13 +210,15 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<9} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            "{:<9} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
             format!("{}/{}", self.recipe, self.mma),
             self.ranks,
             self.tokens_per_rank,
             self.pairs,
             self.device_us,
             self.tflops,
+            self.kernels_us,
+            self.kernel_tflops,
             self.hbm_gbps,
             self.communication_us,
             self.nvlink_gbps,

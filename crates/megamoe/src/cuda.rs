@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use cuda_rt::timing::EventTrail;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
 use megamoe_kernel::unfused::{PeerAddresses, Pipeline, PipelineShape, UnfusedError};
@@ -44,36 +45,48 @@ pub enum CudaError {
     Exchange(String),
 }
 
-/// Wall time of each stage of one forward on one rank (each ends with a stream synchronize, the
-/// peer-writing ones with a host barrier too).
+/// The times of one forward on one rank: the kernels' own (CUDA events, no synchronize between
+/// the GEMM stages) and the host's (wall clock).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimes {
-    /// Host side: validation of the inputs and their upload.
+    /// Host: validation of the inputs and their upload.
     pub upload: Duration,
-    /// Counts exchange, pool plans and routes.
+    /// Host: counts exchange, pool plans and routes, metadata reset, first barrier.
     pub route: Duration,
+    /// GPU: the dispatch kernel.
     pub dispatch: Duration,
+    /// GPU: the L1 grouped GEMM.
     pub l1: Duration,
     pub swiglu: Duration,
     pub l2: Duration,
-    /// Combine send + barrier + reduce.
+    /// GPU: combine send + top-k reduction.
     pub combine: Duration,
-    /// Host side: the download of y.
+    /// Host: the cross-rank waits (synchronize + barrier after dispatch and after combine send).
+    pub waits: Duration,
+    /// Wall clock from the start of `route` to y complete on the device.
+    pub wall: Duration,
+    /// Host: the download of y.
     pub download: Duration,
 }
 
 impl StageTimes {
+    /// Wall clock of the whole forward, host I/O included.
     pub fn total(&self) -> Duration {
-        self.upload + self.device() + self.download
+        self.upload + self.wall + self.download
     }
 
-    /// Everything but the host's upload of the inputs and download of y.
+    /// Everything but the host's upload of the inputs and download of y (wall clock).
     pub fn device(&self) -> Duration {
-        self.route + self.dispatch + self.l1 + self.swiglu + self.l2 + self.combine
+        self.wall
     }
 
-    /// (name, time) of every stage, in order.
-    pub fn stages(&self) -> [(&'static str, Duration); 8] {
+    /// The kernels alone.
+    pub fn kernels(&self) -> Duration {
+        self.dispatch + self.l1 + self.swiglu + self.l2 + self.combine
+    }
+
+    /// (name, time) of every part, in order.
+    pub fn stages(&self) -> [(&'static str, Duration); 9] {
         [
             ("upload", self.upload),
             ("route", self.route),
@@ -82,6 +95,7 @@ impl StageTimes {
             ("swiglu", self.swiglu),
             ("L2", self.l2),
             ("combine", self.combine),
+            ("waits", self.waits),
             ("download", self.download),
         ]
     }
@@ -112,6 +126,8 @@ pub struct CudaRank<'w> {
     jit: Jit,
     pipe: Pipeline,
     config: Config,
+    /// Stage marks of one forward.
+    marks: EventTrail,
 }
 
 impl<'w> CudaRank<'w> {
@@ -174,6 +190,7 @@ impl<'w> CudaRank<'w> {
             jit,
             pipe,
             config: *config,
+            marks: EventTrail::new(gpu, 10)?,
         })
     }
 
@@ -252,29 +269,48 @@ impl<'w> CudaRank<'w> {
         world.barrier()?;
         times.route = lap(&mut clock);
 
+        // Kernels back to back on the stream, timed by events; the host waits only where peers
+        // write into this rank's memory (after dispatch, after combine send).
+        let stream = gpu.stream().clone();
+        let marks = &mut self.marks;
+        marks.clear();
+        let d0 = marks.mark(&stream)?;
         self.pipe.dispatch(gpu)?;
+        let d1 = marks.mark(&stream)?;
+        let waited = Instant::now();
         self.pipe.stage_sync(gpu)?;
         world.barrier()?;
-        times.dispatch = lap(&mut clock);
+        times.waits = waited.elapsed();
 
+        let g0 = marks.mark(&stream)?;
         self.pipe.l1(gpu, &self.jit)?;
-        self.pipe.stage_sync(gpu)?;
-        times.l1 = lap(&mut clock);
-
+        let g1 = marks.mark(&stream)?;
         self.pipe.swiglu(gpu)?;
-        self.pipe.stage_sync(gpu)?;
-        times.swiglu = lap(&mut clock);
-
+        let g2 = marks.mark(&stream)?;
         self.pipe.l2(gpu, &self.jit)?;
-        self.pipe.stage_sync(gpu)?;
-        times.l2 = lap(&mut clock);
-
+        let g3 = marks.mark(&stream)?;
         self.pipe.combine_send(gpu)?;
+        let g4 = marks.mark(&stream)?;
+        let waited = Instant::now();
         self.pipe.stage_sync(gpu)?;
         world.barrier()?;
+        times.waits += waited.elapsed();
+
+        let c0 = marks.mark(&stream)?;
         self.pipe.combine_reduce(gpu)?;
+        let c1 = marks.mark(&stream)?;
         self.pipe.stage_sync(gpu)?;
-        times.combine = lap(&mut clock);
+        times.wall = times.route + lap(&mut clock);
+        let ms = |a, b| -> Result<Duration, CudaError> {
+            Ok(Duration::from_secs_f64(
+                f64::from(marks.between_ms(a, b)?) * 1e-3,
+            ))
+        };
+        times.dispatch = ms(d0, d1)?;
+        times.l1 = ms(g0, g1)?;
+        times.swiglu = ms(g1, g2)?;
+        times.l2 = ms(g2, g3)?;
+        times.combine = ms(g3, g4)? + ms(c0, c1)?;
         let y = self.pipe.download_y(gpu)?;
         times.download = lap(&mut clock);
         Ok((y.into_iter().map(bf16::from_bits).collect(), times))
@@ -378,10 +414,13 @@ mod tests {
             swiglu: Duration::from_micros(4),
             l2: Duration::from_micros(5),
             combine: Duration::from_micros(6),
+            waits: Duration::from_micros(9),
+            wall: Duration::from_micros(40),
             download: Duration::from_micros(8),
         };
-        assert_eq!(t.device(), Duration::from_micros(21));
-        assert_eq!(t.total(), Duration::from_micros(36));
+        assert_eq!(t.kernels(), Duration::from_micros(20));
+        assert_eq!(t.device(), Duration::from_micros(40));
+        assert_eq!(t.total(), Duration::from_micros(55));
         assert_eq!(t.stages()[3], ("L1", Duration::from_micros(3)));
     }
 }
