@@ -5,7 +5,8 @@
 //! reused for several forwards (outputs poisoned before each). The exact route is accepted at the
 //! contract's calc_diff ≤ 1e-5 (DESIGN §1), the FP8 route at its documented bound, with every
 //! element written and no NaN; the number of BF16 values that differ from the reference is printed
-//! (0 expected on the BF16 route).
+//! (on the BF16 route only FP32 summation order separates it from the f64 reference: 0 on tiny,
+//! a few per thousand on V4 shapes).
 
 use megamoe::check::calc_diff;
 use megamoe::cuda::{CudaRank, run_local};
@@ -35,6 +36,30 @@ fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
         x_sf: inputs.x_sf[..t * h / g].to_vec(),
         topk_idx: inputs.topk_idx[..t * k].to_vec(),
         topk_weights: inputs.topk_weights[..t * k].to_vec(),
+    }
+}
+
+/// The tokens `picked` of `inputs`, in that order.
+fn select(inputs: &RankInputs, config: &Config, picked: &[usize]) -> RankInputs {
+    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
+    let rows = |v: &[u8], w: usize| {
+        picked
+            .iter()
+            .flat_map(|&t| v[t * w..][..w].to_vec())
+            .collect()
+    };
+    RankInputs {
+        tokens: picked.len(),
+        x: rows(&inputs.x, h),
+        x_sf: rows(&inputs.x_sf, h / g),
+        topk_idx: picked
+            .iter()
+            .flat_map(|&t| inputs.topk_idx[t * k..][..k].to_vec())
+            .collect(),
+        topk_weights: picked
+            .iter()
+            .flat_map(|&t| inputs.topk_weights[t * k..][..k].to_vec())
+            .collect(),
     }
 }
 
@@ -119,11 +144,6 @@ fn compare(
             diff <= tol,
             "{what}: rank {r}: calc_diff {diff:.3e} > {tol:e} ({differ} values differ)"
         );
-        if mma == Mma::Bf16 && differ > 0 {
-            eprintln!(
-                "{what}: rank {r}: NOTE the BF16 route is expected bitwise equal; {differ} values differ"
-            );
-        }
     }
 }
 
@@ -180,6 +200,68 @@ fn run_sweep(what: &str, problem: &Problem, mma: Mma, token_counts: &[usize]) {
             want,
         );
     }
+}
+
+/// One forward of every rank's `t` first tokens at a T where the reference of every token would
+/// take minutes: every output must be written, and every `stride`-th token (and the last) is checked
+/// against the reference of those tokens alone — each token's y depends only on its own routes, so
+/// that is the same as the full reference restricted to them.
+fn run_sampled(what: &str, problem: &Problem, mma: Mma, t: usize, stride: usize) {
+    let config = &problem.config;
+    let inputs: Vec<RankInputs> = problem
+        .inputs
+        .iter()
+        .map(|x| truncate(x, config, t.min(x.tokens)))
+        .collect();
+    let got = run_local(config.num_ranks, |world| {
+        let r = world.rank();
+        let mut rank = CudaRank::new(world, config, t, mma, &problem.weights[r])?;
+        rank.poison()?;
+        world.barrier()?;
+        let (y, times) = rank.forward(&inputs[r])?;
+        eprintln!("{what}: rank {r}: T = {}: {times:?}", inputs[r].tokens);
+        Ok(y)
+    })
+    .unwrap_or_else(|e| panic!("{what}: the cuda backend failed: {e:?}"));
+    let picked: Vec<Vec<usize>> = inputs
+        .iter()
+        .map(|x| {
+            let mut p: Vec<usize> = (0..x.tokens).step_by(stride).collect();
+            if x.tokens > 0 && p.last() != Some(&(x.tokens - 1)) {
+                p.push(x.tokens - 1);
+            }
+            p
+        })
+        .collect();
+    let sub_inputs: Vec<RankInputs> = inputs
+        .iter()
+        .zip(&picked)
+        .map(|(x, p)| select(x, config, p))
+        .collect();
+    let want = reference::forward(config, &problem.weights, &sub_inputs).expect("reference");
+    let h = config.hidden;
+    let sub_got: Vec<Vec<fp_formats::bf16>> = got
+        .iter()
+        .zip(&picked)
+        .enumerate()
+        .map(|(r, (y, p))| {
+            assert_eq!(y.len(), inputs[r].tokens * h, "{what}: rank {r}: y length");
+            let unwritten = y.iter().filter(|v| v.is_nan()).count();
+            assert_eq!(
+                unwritten, 0,
+                "{what}: rank {r}: {unwritten} outputs NaN or unwritten"
+            );
+            p.iter().flat_map(|&t| y[t * h..][..h].to_vec()).collect()
+        })
+        .collect();
+    compare(
+        &format!("{what}, T = {t}, every {stride}th token checked"),
+        mma,
+        config,
+        &sub_inputs,
+        &sub_got,
+        &want,
+    );
 }
 
 fn v4_flash_shape(experts: usize) -> Config {
@@ -252,6 +334,29 @@ fn v4_pro_shape_one_gpu() {
             mma,
             &[7, 1],
         );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn large_t_every_preset_shape_one_and_two_gpus() {
+    let two = cuda_rt::testing::gpus_or_skip(2);
+    for recipe in [Recipe::Mx32, Recipe::G128] {
+        for ranks in [1, 2].into_iter().filter(|&r| r == 1 || two) {
+            for (name, config) in [
+                ("tiny", Config::tiny()),
+                ("v4-flash shape (16 experts)", v4_flash_shape(16)),
+                ("v4-pro shape (8 experts)", v4_pro_shape(8)),
+            ] {
+                let p = problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 41, 0.05);
+                for mma in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
+                    for (t, stride) in [(1000, 37), (8192, 331)] {
+                        let what = format!("{name} {recipe}/{mma} R={ranks}");
+                        run_sampled(&what, &p, mma, t, stride);
+                    }
+                }
+            }
+        }
     }
 }
 

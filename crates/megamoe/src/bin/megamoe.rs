@@ -501,8 +501,10 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
     );
+    // `ProgressBar::println` drops lines when the bar is hidden (no terminal); these must print.
+    let say = |line: String| bar.suspend(|| println!("{line}"));
     if !args.json {
-        bar.println(format!(
+        say(format!(
             "{} on {} GPU(s): H {}, I {}, E {} ({} per rank), top-{}; median of {}",
             args.preset,
             config.num_ranks,
@@ -513,11 +515,11 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             config.top_k,
             opts.reps
         ));
-        bar.println(megamoe::bench::BenchRow::HEADER);
+        say(megamoe::bench::BenchRow::HEADER.to_owned());
     }
     let rows = megamoe::bench::run(&opts, |row| {
         if !args.json {
-            bar.println(row.to_string());
+            say(row.to_string());
         }
         bar.inc(1);
     })?;
