@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-run.sh [TEST_FILTER] [BENCH_ARGS...]
 #
-# Environment: SKIP_TESTS=1, SKIP_BENCH=1; TEST_TIMEOUT per test (default 300 s).
+# Environment: SKIP_TESTS=1, SKIP_BENCH=1, SKIP_DEMO=1; TEST_TIMEOUT per test (default 300 s).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bundle="$root/.gpu-bundle"
@@ -37,6 +37,26 @@ if [[ -z "${SKIP_BENCH:-}" ]]; then
     timeout 420 "$bundle/bin/megamoe" bench --preset deepseek-v4-pro --ranks "$ranks" --experts $((48 * ranks)) \
       --tokens 8,128,8192 --routes g128/fp8,g128/bf16,mx32/bf16 --reps 5 2>&1 | tee "$out/pipeline.r$ranks.log" || status=1
   done
+fi
+# `cargo xtask demo`'s GPU branch without cargo: a tiny 2-rank problem on the CPU reference, the
+# same problem through the CUDA backend on both tensor-core routes, checked against the CPU's y.
+if [[ -z "${SKIP_DEMO:-}" ]] && (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 )); then
+  {
+    cli="$bundle/bin/megamoe"
+    demo="$(mktemp -d)"
+    for recipe in mx32 g128; do
+      dir="$demo/$recipe"
+      "$cli" gen "$dir" --preset tiny --ranks 2 --tokens 64 --recipe "$recipe" --mask-fraction 0.1 &&
+        "$cli" run "$dir" --backend cpu || status=1
+      for mma in bf16 fp8; do
+        [[ $recipe == mx32 && $mma == fp8 ]] && continue
+        gpu_dir="$demo/$recipe-$mma"
+        mkdir -p "$gpu_dir" && cp "$dir"/config.json "$dir"/weights.* "$dir"/inputs.* "$gpu_dir"/
+        "$cli" run "$gpu_dir" --backend cuda --mma "$mma" && "$cli" check "$dir" "$gpu_dir" --tol 1e-5 || status=1
+      done
+    done
+  } >"$out/demo.log" 2>&1
+  grep -v ' INFO ' "$out/demo.log"
 fi
 # The instruction mix of each compiled GEMM: the tensor-core ops must be there, local memory must not.
 if command -v cuobjdump >/dev/null || [[ -x "$CUDA_PATH/bin/cuobjdump" ]]; then
