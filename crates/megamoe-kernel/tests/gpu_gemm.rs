@@ -34,6 +34,8 @@ struct Case<'a> {
     n: usize,
     k: usize,
     seed: u64,
+    /// Check every this many rows of each expert (and its last); `None`: its ends and middle.
+    check_stride: Option<usize>,
     /// Push one k128 block of expert 0's row 0 down by 12 binades, so that (g128) no single fold
     /// base fits the whole row and the per-block specialization runs.
     wide_rows: bool,
@@ -49,6 +51,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         n,
         k,
         seed,
+        check_stride,
         wide_rows,
     } = case;
     let experts = expert_rows.len();
@@ -112,10 +115,13 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
             );
         }
         // Every row of small experts; the ends and a stride of large ones.
-        let checked: Vec<usize> = if rows <= 9 {
-            (off..off + rows).collect()
-        } else {
-            [off, off + 1, off + rows / 2, off + rows - 2, off + rows - 1].into()
+        let checked: Vec<usize> = match check_stride {
+            _ if rows <= 9 => (off..off + rows).collect(),
+            Some(stride) => (off..off + rows)
+                .step_by(stride)
+                .chain(std::iter::once(off + rows - 1))
+                .collect(),
+            None => [off, off + 1, off + rows / 2, off + rows - 2, off + rows - 1].into(),
         };
         for (row, reference) in checked
             .iter()
@@ -173,6 +179,7 @@ fn every_specialization_matches_the_reference() {
                     n: 256,
                     k: 384,
                     seed: bn as u64,
+                    check_stride: None,
                     wide_rows: false,
                 },
             );
@@ -202,6 +209,7 @@ fn skewed_and_odd_shapes_match_the_reference() {
                     n,
                     k,
                     seed: 42,
+                    check_stride: None,
                     wide_rows: false,
                 },
             );
@@ -238,6 +246,7 @@ fn preset_shapes_match_the_reference() {
                         n,
                         k,
                         seed: 7,
+                        check_stride: None,
                         wide_rows: false,
                     },
                 );
@@ -266,9 +275,38 @@ fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
                 n: 256,
                 k: 512,
                 seed: 3,
+                check_stride: None,
                 wide_rows: true,
             },
         );
         assert!(diff <= 1e-5, "g128 bn {bn} block base: calc_diff {diff:e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn many_tiles_per_cta_match_the_reference() {
+    // More tiles than CTAs for every tile size: each persistent CTA walks several tiles, experts
+    // and weight tiles, so the pipelines' phases and the fold bases carry from tile to tile.
+    let (gpu, jit) = setup();
+    for (recipe, mma) in ROUTES {
+        for &bn in megamoe_kernel::gemm::token_tiles(mma) {
+            let (diff, _) = run(
+                &gpu,
+                &jit,
+                Case {
+                    recipe,
+                    mma,
+                    tokens_per_tile: Some(bn),
+                    expert_rows: &[2000, 1, 1500, 700, 0, 333],
+                    n: 1024,
+                    k: 384,
+                    seed: 100 + bn as u64,
+                    check_stride: Some(7),
+                    wide_rows: false,
+                },
+            );
+            assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
+        }
     }
 }
