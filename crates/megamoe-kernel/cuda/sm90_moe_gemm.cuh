@@ -4,10 +4,13 @@
 // Swap-AB: weights are the WGMMA A operand (64 weight rows per consumer warpgroup, decoded from FP4 in
 // registers), tokens are the WGMMA N (BN tokens per tile), so a few tokens per expert still fill the
 // tensor core's M and the kernel streams weights at HBM speed.
-//   g128: FP8 WGMMA; E2M1 -> E4M3 decode with the four per-32 weight scales of a k128 block folded in
-//         as offsets d from a per-(row, k128) base; one promotion per k128 with act_scale[token] x base[row].
-//   mx32: BF16 WGMMA on exactly widened operands: E2M1 x 2^s_w decoded to BF16 in registers, the
-//         activations arrive already widened (E4M3 x 2^s_a in BF16); FP32 accumulation over all of K.
+// Two tensor-core routes (megamoe-kernel's `Mma`):
+//   FP8 (g128 only): FP8 WGMMA; E2M1 -> E4M3 decode with the four per-32 weight scales of a k128 block
+//         folded in as offsets d from a per-(row, k128) base; one promotion per k128 with
+//         act_scale[token] x base[row]. Hopper's FP8 tensor core does not accumulate in full FP32.
+//   BF16 (either recipe): BF16 WGMMA on exactly widened operands: E2M1 x 2^s_w decoded to BF16 in
+//         registers, the activations arrive already widened (E4M3 x 2^s_a in BF16); FP32 accumulation
+//         over all of K: exact.
 // Warp roles: warpgroup 0 = producer (one thread issues TMA for every stage), warpgroups 1 and 2 =
 // consumers (64 weight rows each, the same BN tokens). A persistent CTA walks tiles
 // blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is (expert, 128-row weight tile, BN-token block),
@@ -16,14 +19,15 @@
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
 //          r = 16 * warp + lane / 4 within the warpgroup's 64 rows.
-//     g128 word: sign-split layout of fp_formats.cuh; elements 0..3 = k 4t..4t+3, 4..7 = k 16+4t..16+4t+3.
-//     mx32 word: magnitudes of pairs A,B,C,D = k (2t,2t+1), (2t+8,2t+9), (16+2t,17+2t), (24+2t,25+2t) in
-//                nibbles 0..7; signs of A at bits 15/31, B 11/27, C 7/23, D 3/19.
-//   meta:  [128 rows] u32. g128: (d_j + 8) in nibble j, base byte in bits 16..23. mx32: UE8M0 byte j = s_j.
-// Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for mx32), 128-B swizzle, box {128 B, BN}.
-// BN (tokens per tile) is 16, 32, 64 or 128: accumulators, two g128 temp sets and two stages of
-// fragments must fit the consumers' 224 registers.
-// g128 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
+//     FP8 word: sign-split layout of fp_formats.cuh; elements 0..3 = k 4t..4t+3, 4..7 = k 16+4t..16+4t+3.
+//     BF16 word: pairs A,B,C,D = k (2t,2t+1), (2t+8,2t+9), (16+2t,17+2t), (24+2t,25+2t) placed for the
+//                shift-and-multiply decode (decode_bf16_word; transform.rs's BF16_PAIRS).
+//   meta:  [128 rows] u32. FP8: (d_j + 8) in nibble j, base byte in bits 16..23. BF16: UE8M0 byte j = s_j.
+// Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route), 128-B swizzle, box
+// {128 B, BN}.
+// BN (tokens per tile) is 16..128 (FP8) or 16..256 (BF16): accumulators, two FP8 temp sets and two
+// stages of fragments must fit the consumers' 224 registers.
+// FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
 #include "fp_formats.cuh"
@@ -43,36 +47,35 @@ constexpr int kMetaBytes = 512;     // one u32 per weight row
 struct GemmParams {
   const u8* w_codes;         // [E][n_tiles][k_blocks] x kCodeBytes
   const u32* w_meta;         // [E][n_tiles][k_blocks][128]
-  const u8* act_sf;          // g128: [k_blocks][sf_stride]; mx32: unused
+  const u8* act_sf;          // FP8: [k_blocks][sf_stride]; BF16: unused
   u16* out;                  // [pool rows][n_out] BF16 bits
   const int* expert_offset;  // [E] first pool row of each expert
   const int* expert_rows;    // [E] rows of each expert
   int num_experts;
   int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
   int k;                     // multiple of 128
-  int sf_stride;             // g128: pool rows padded; >= max(offset + align(rows, BN))
+  int sf_stride;             // FP8: pool rows padded; >= max(offset + align(rows, BN))
 };
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
-template <int BN, bool kG128, int kCtas>
+template <int BN, bool kFp8, int kCtas>
 struct Layout {
-  static constexpr int kActBytes = BN * 128 * (kG128 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
-  static constexpr int kSfBytes = kG128 ? ((BN + 127) / 128) * 128 : 0;
-  static constexpr int kSfFloatBytes = kG128 ? BN * 4 : 0;  // the scales as floats, by the converter warp
+  static constexpr int kActBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
+  static constexpr int kSfBytes = kFp8 ? ((BN + 127) / 128) * 128 : 0;
+  static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
-  // alignment slack, the stages, full/empty/scales-ready mbarriers, the decode tables (g128: 16 x 8 B
-  // fold tables; mx32: 256 x 16 B BF16 byte tables, one per scale byte)
-  static constexpr int kTableBytes = 4096;
+  // alignment slack, the stages, full/empty/scales-ready mbarriers, the FP8 fold tables (15 x 8 B)
+  static constexpr int kTableBytes = 128;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kBarrierBytes + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
-  static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kG128 ? BN : 0);
+  static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
 };
 
 // Walks the tiles of one CTA in order; every role keeps its own copy and advances it identically.
@@ -106,10 +109,10 @@ struct TileWalker {
 };
 
 // ---------------------------------------------------------------- weight decode
-// g128: one sign-split word of row r (or r+8) -> E4M3 regs for k 4t.. (lo) and 16+4t.. (hi).
+// FP8: one sign-split word of row r (or r+8) -> E4M3 regs for k 4t.. (lo) and 16+4t.. (hi).
 // `fold_table[d + 8]` is fp::e4m3_table(d), built once per CTA in shared memory: one LDS.64
 // instead of a branchy computation per row and k32 step.
-__device__ __forceinline__ void decode_g128(uint2 w, u32 meta_r, u32 meta_r8, int j, const fp::E4m3Table* fold_table,
+__device__ __forceinline__ void decode_fp8(uint2 w, u32 meta_r, u32 meta_r8, int j, const fp::E4m3Table* fold_table,
                                             u32* a) {
   const fp::E4m3Table tr = fold_table[(meta_r >> (4 * j)) & 0xf];
   const fp::E4m3Table tr8 = fold_table[(meta_r8 >> (4 * j)) & 0xf];
@@ -117,27 +120,27 @@ __device__ __forceinline__ void decode_g128(uint2 w, u32 meta_r, u32 meta_r8, in
   fp::e2m1x8_to_e4m3(w.y, tr8, a[1], a[3]);
 }
 
-// mx32: byte tables (low and high bytes of the BF16 bits of each E2M1 magnitude times 2^s).
-struct __align__(16) Bf16Table { u32 lo0, lo1, hi0, hi1; };
-
-__device__ __forceinline__ Bf16Table bf16_table(u32 scale_byte) {
-  const u32 s7 = (u32)(((int)scale_byte - 127) * 128) * 0x00010001u;  // s << 7 in both halves
-  const u32 p0 = (0x3F00u + (u32)(((int)scale_byte - 127) * 128)) << 16;  // {0, 0.5}
-  const u32 p1 = 0x3FC03F80u + s7;                                     // {1, 1.5}
-  const u32 p2 = 0x40404000u + s7;                                     // {2, 3}
-  const u32 p3 = 0x40C04080u + s7;                                     // {4, 6}
-  return {fp::prmt(p0, p1, 0x6420), fp::prmt(p2, p3, 0x6420), fp::prmt(p0, p1, 0x7531), fp::prmt(p2, p3, 0x7531)};
+// BF16 route: one word (8 weights of one row) -> 4 BF16x2 regs, pairs A, B (k16 step 0) and C, D
+// (step 1). A shift and a mask put each pair's E2M1 magnitudes at bits 6..8 / 22..24, where they read
+// as BF16 values 2^126 times too small (code 1 = 0.5 as a BF16 subnormal); one multiply by
+// `mult` = 2^(s-1) in both halves makes E2M1 x 2^(s-127) exactly. C and D bring their signs along
+// (bits 15/31 after the same shift); A and B flip the multiplier's sign instead. The shifts are
+// transform.rs's BF16_PAIRS; the shifts and multiplies run on the FMA pipe, only the masks on the ALU.
+__device__ __forceinline__ u32 mul_bf16x2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
 }
-
-// One mx32 word (8 weights of one row) -> 4 BF16x2 regs: pairs A, B (k16 step 0) and C, D (step 1).
-__device__ __forceinline__ void decode_mx32_word(u32 w, const Bf16Table& t, u32& pa, u32& pb, u32& pc, u32& pd) {
-  const u32 sel_lo = w & 0x7777u, sel_hi = (w >> 16) & 0x7777u;
-  const u32 lo4 = fp::prmt(t.lo0, t.lo1, sel_lo), hi4 = fp::prmt(t.hi0, t.hi1, sel_lo);
-  const u32 lo4b = fp::prmt(t.lo0, t.lo1, sel_hi), hi4b = fp::prmt(t.hi0, t.hi1, sel_hi);
-  pa = fp::prmt(lo4, hi4, 0x5140) | (w & 0x80008000u);
-  pb = fp::prmt(lo4, hi4, 0x7362) | ((w << 4) & 0x80008000u);
-  pc = fp::prmt(lo4b, hi4b, 0x5140) | ((w << 8) & 0x80008000u);
-  pd = fp::prmt(lo4b, hi4b, 0x7362) | ((w << 12) & 0x80008000u);
+// BF16x2 bits of 2^(s-1), s = byte j of `scales` (2 <= s <= 128, checked by the transform).
+__device__ __forceinline__ u32 bf16_multiplier(u32 scales, int j) {
+  return ((scales >> (8 * j)) & 0xffu) * 0x00800080u + 0x3f003f00u;  // exponent field s - 1 + 127
+}
+__device__ __forceinline__ void decode_bf16_word(u32 w, u32 mult, u32& pa, u32& pb, u32& pc, u32& pd) {
+  constexpr u32 kMag = 0x01c001c0u, kSign = 0x80008000u;
+  pa = mul_bf16x2(w & kMag, mult ^ ((w << 4) & kSign));
+  pb = mul_bf16x2((w >> 7) & kMag, mult ^ ((w << 5) & kSign));
+  pc = mul_bf16x2((w << 3) & (kMag | kSign), mult);
+  pd = mul_bf16x2((w << 6) & (kMag | kSign), mult);
 }
 
 __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(b << 23); }  // b >= 1
@@ -146,36 +149,35 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 // One consumer warpgroup: 64 weight rows x BN tokens. Software-pipelined so that the decode of
 // stage s+1 and the promotion of chunk c-1 run on the CUDA cores while the tensor core works on
 // chunk c. A chunk is the WGMMA work of one stage on kNsub tokens; fragments of two stages live
-// in registers (parity P = stage index & 1), g128 temp accumulators alternate between two sets.
-// kRowBase (g128): every k128 block of a weight row shares one fold base, so the promotion needs
+// in registers (parity P = stage index & 1), FP8 temp accumulators alternate between two sets.
+// kRowBase (FP8): every k128 block of a weight row shares one fold base, so the promotion needs
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
-// kKSplit (g128): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
+// kKSplit (FP8): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
 // of FP32's precision while it accumulates, so shorter runs between promotions are more accurate.
-template <int BN, bool kG128, int kCtas, bool kRowBase, int kKSplit>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, int kKSplit>
 struct Consumer {
-  using L = Layout<BN, kG128, kCtas>;
-  // g128 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
+  using L = Layout<BN, kFp8, kCtas>;
+  // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
   // 16 with two CTAs per SM (96 registers).
-  static constexpr int kNsub = !kG128 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
+  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
   static constexpr int kChunks = BN / kNsub * kKSplit;  // chunk h: sub-tile h / kKSplit, k part h % kKSplit
   static constexpr int kStepsPerChunk = 4 / kKSplit;     // k32 steps
-  // Fragments per parity. g128: a whole stage (4 k32 steps x 4). mx32: half a stage (4 k16 steps
+  // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
   // x 4); its two halves alternate between the parities.
   static constexpr int kAregs = 16;
 
   u8* smem;
   u64* full;
   u64* empty;
-  u64* scales_ready;                 // g128: the stage's scales are floats
-  const fp::E4m3Table* fold_table;  // g128
-  const Bf16Table* bf16_tables;      // mx32
+  u64* scales_ready;                 // FP8: the stage's scales are floats
+  const fp::E4m3Table* fold_table;  // FP8
   int cw, tid, lane, t, row_r;
   int stage = 0;   // next stage to wait for
   u32 phase = 0;
   int held[2];     // ring stage whose fragments are in parity P
   u32 a[2][kAregs];
-  float base[2][2];  // g128: weight base of rows r, r+8 per parity
-  u32 meta_r, meta_r8;  // mx32: scale bytes of the current stage's rows r, r+8
+  float base[2][2];  // FP8: weight base of rows r, r+8 per parity
+  u32 meta_r, meta_r8;  // BF16: scale bytes of the current stage's rows r, r+8
   float tmp[2][kNsub / 2];
   float acc[BN / 2];
 
@@ -195,14 +197,14 @@ struct Consumer {
     const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
     const uint2* codes = stage_codes(stage) + cw * 128 + tid;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) decode_g128(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
+    for (int j = 0; j < 4; ++j) decode_fp8(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
     base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
     base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
-  // mx32: waits for the next stage; it becomes the current one (held[1] keeps the previous).
-  __device__ __forceinline__ void mx32_wait_stage() {
+  // BF16: waits for the next stage; it becomes the current one (held[1] keeps the previous).
+  __device__ __forceinline__ void bf16_wait_stage() {
     mbar_wait(&full[stage], phase);
     held[1] = held[0];
     held[0] = stage;
@@ -211,25 +213,23 @@ struct Consumer {
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
-  // mx32: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H.
+  // BF16: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H.
   template <int H>
-  __device__ __forceinline__ void mx32_decode_half() {
+  __device__ __forceinline__ void bf16_decode_half() {
     const uint2* codes = stage_codes(held[0]) + cw * 128 + tid;
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       const int j = 2 * H + jj;
       const uint2 w = codes[j * 256];
-      const Bf16Table tr = bf16_tables[(meta_r >> (8 * j)) & 0xff];
-      const Bf16Table tr8 = bf16_tables[(meta_r8 >> (8 * j)) & 0xff];
       u32* q0 = &a[H][8 * jj];  // k16 step 2jj of the half; step 2jj+1 at +4
-      decode_mx32_word(w.x, tr, q0[0], q0[2], q0[4], q0[6]);
-      decode_mx32_word(w.y, tr8, q0[1], q0[3], q0[5], q0[7]);
+      decode_bf16_word(w.x, bf16_multiplier(meta_r, j), q0[0], q0[2], q0[4], q0[6]);
+      decode_bf16_word(w.y, bf16_multiplier(meta_r8, j), q0[1], q0[3], q0[5], q0[7]);
     }
   }
 
-  // mx32: the wgmmas of half H of the current stage (one 64-K box), accumulated into acc.
+  // BF16: the wgmmas of half H of the current stage (one 64-K box), accumulated into acc.
   template <int H>
-  __device__ __forceinline__ void mx32_issue_half() {
+  __device__ __forceinline__ void bf16_issue_half() {
     wg_fence();
     const u64 desc = desc_k_sw128(smem_addr(stage_act(held[0]))) + H * (BN * 128 / 16);
 #pragma unroll
@@ -244,9 +244,9 @@ struct Consumer {
     if (lane == 0) mbar_arrive(&empty[held[P]]);
   }
 
-  // g128: chunk h of the stage in parity P into temp set B.
+  // FP8: chunk h of the stage in parity P into temp set B.
   template <int P, int B>
-  __device__ __forceinline__ void issue_g128(int h) {
+  __device__ __forceinline__ void issue_fp8(int h) {
 #pragma unroll
     for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
@@ -258,7 +258,7 @@ struct Consumer {
     wg_commit();
   }
 
-  // g128: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
+  // FP8: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
   // base is per row).
   template <int P, int B>
   __device__ __forceinline__ void promote(int h) {
@@ -284,12 +284,12 @@ struct Consumer {
     }
   }
 
-  // g128: chunk H of the stage held in parity P, then the rest. Temp sets alternate chunk by chunk
+  // FP8: chunk H of the stage held in parity P, then the rest. Temp sets alternate chunk by chunk
   // within a trip (B = (P * kChunks + H) & 1); each chunk's predecessor is promoted while it runs.
   template <int P, int H = 0>
-  __device__ __forceinline__ void g128_stage() {
+  __device__ __forceinline__ void fp8_stage() {
     constexpr int B = (P * kChunks + H) & 1;
-    issue_g128<P, B>(H);
+    issue_fp8<P, B>(H);
     if constexpr (H > 0) {
       wg_wait<1>();
       promote<P, B ^ 1>(H - 1);
@@ -298,11 +298,11 @@ struct Consumer {
       promote<0, B ^ 1>(kChunks - 1);
       release<0>();
     }
-    if constexpr (H + 1 < kChunks) g128_stage<P, H + 1>();
+    if constexpr (H + 1 < kChunks) fp8_stage<P, H + 1>();
   }
-  // g128, end of a trip: wait for everything, promote the last chunk, release the stage.
+  // FP8, end of a trip: wait for everything, promote the last chunk, release the stage.
   template <int P>
-  __device__ __forceinline__ void g128_drain() {
+  __device__ __forceinline__ void fp8_drain() {
     constexpr int B = (P * kChunks + kChunks - 1) & 1;
     wg_wait<0>();
     promote<P, B>(kChunks - 1);
@@ -310,7 +310,7 @@ struct Consumer {
   }
 
   // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block). Stages go in
-  // trips of two (parity 0, 1); g128 drains its pipeline at the end of every trip, because ptxas
+  // trips of two (parity 0, 1); FP8 drains its pipeline at the end of every trip, because ptxas
   // serializes all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
   __device__ __forceinline__ void mainloop(int k_blocks) {
 #pragma unroll
@@ -318,19 +318,19 @@ struct Consumer {
       acc[i] = 0.0f;
       fence_operand(acc[i]);
     }
-    if constexpr (kG128) {
+    if constexpr (kFp8) {
       load_stage<0>();
       int kb = 0;
       for (; kb + 1 < k_blocks; kb += 2) {
-        g128_stage<0>();
+        fp8_stage<0>();
         load_stage<1>();
-        g128_stage<1>();
+        fp8_stage<1>();
         if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
-        g128_drain<1>();
+        fp8_drain<1>();
       }
       if (kb < k_blocks) {  // an odd last stage, in parity 0
-        g128_stage<0>();
-        g128_drain<0>();
+        fp8_stage<0>();
+        fp8_drain<0>();
       }
       if constexpr (kRowBase) {
 #pragma unroll
@@ -339,18 +339,18 @@ struct Consumer {
     } else {
       // Half-stage chunks: decode one half while the tensor core runs the other. Every wait is
       // unconditional so ptxas can see which fragment set is free.
-      mx32_wait_stage();
-      mx32_decode_half<0>();
+      bf16_wait_stage();
+      bf16_decode_half<0>();
       for (int kb = 0; kb < k_blocks; ++kb) {
-        mx32_issue_half<0>();
+        bf16_issue_half<0>();
         wg_wait<1>();  // the previous stage's second half is done
         if (kb > 0) release<1>();
-        mx32_decode_half<1>();
-        mx32_issue_half<1>();
+        bf16_decode_half<1>();
+        bf16_issue_half<1>();
         wg_wait<1>();  // this stage's first half is done: parity 0 is free
         if (kb + 1 < k_blocks) {
-          mx32_wait_stage();
-          mx32_decode_half<0>();
+          bf16_wait_stage();
+          bf16_decode_half<0>();
         }
       }
       wg_wait<0>();
@@ -362,9 +362,9 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kG128, int kCtas, bool kRowBase, int kKSplit>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, int kKSplit>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
-  using L = Layout<BN, kG128, kCtas>;
+  using L = Layout<BN, kFp8, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.
@@ -376,7 +376,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   // a computation on the consumers' critical path.
   u8* tables = smem + L::kStages * L::kStageBytes + L::kBarrierBytes;
   fp::E4m3Table* fold_table = (fp::E4m3Table*)tables;
-  Bf16Table* bf16_tables = (Bf16Table*)tables;
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;
@@ -390,11 +389,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     }
     fence_barrier_init();
   }
-  if constexpr (kG128) {
+  if constexpr (kFp8) {
     if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
-  } else {
-    // Scale bytes outside [2, 252] are refused by the transform; their entries are never read.
-    if (threadIdx.x < 256) bf16_tables[threadIdx.x] = bf16_table(threadIdx.x);
   }
   __syncthreads();
 
@@ -418,7 +414,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_expect_tx(&full[stage], L::kTxBytes);
           tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
-          if constexpr (kG128) {
+          if constexpr (kFp8) {
             bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
                       &full[stage]);
           } else {
@@ -429,8 +425,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
           if (++stage == L::kStages) { stage = 0; phase ^= 1; }
         }
       }
-    } else if (kG128 && threadIdx.x / 32 == 1) {
-      // ---- converter warp (g128): each stage's UE8M0 token scales -> floats, once for both
+    } else if (kFp8 && threadIdx.x / 32 == 1) {
+      // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
       // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
       const int lane = threadIdx.x % 32;
       int stage = 0;
@@ -449,13 +445,12 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kG128, kCtas, kRowBase, kKSplit> c;
+    Consumer<BN, kFp8, kCtas, kRowBase, kKSplit> c;
     c.smem = smem;
     c.full = full;
     c.empty = empty;
     c.scales_ready = scales_ready;
     c.fold_table = fold_table;
-    c.bf16_tables = bf16_tables;
     c.cw = wg - 1;  // which 64 rows of the tile
     c.tid = threadIdx.x % 128;
     c.lane = c.tid % 32;

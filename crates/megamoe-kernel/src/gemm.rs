@@ -213,10 +213,9 @@ impl TilePlan {
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, three mbarriers a
-    /// stage (padded to 16 B: the decode tables after them are read 16 B at a time), 4 KiB of
-    /// decode tables.
+    /// stage (padded to 16 B), 128 B of FP8 fold tables.
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.stages * self.stage_bytes + (24 * self.stages).next_multiple_of(16) + 4096
+        1024 + self.stages * self.stage_bytes + (24 * self.stages).next_multiple_of(16) + 128
     }
 
     /// The JIT specialization.
@@ -239,7 +238,7 @@ impl TilePlan {
         )
         .header(fp_formats::CUDA_HEADER)
         .define("MM_BN", self.tokens_per_tile)
-        .define("MM_G128", u8::from(self.mma == Mma::Fp8))
+        .define("MM_FP8", u8::from(self.mma == Mma::Fp8))
         .define("MM_STAGES", self.stages)
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)

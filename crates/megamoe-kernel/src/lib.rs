@@ -29,6 +29,6 @@ pub const CUDA_HEADERS: [(&str, &str); 2] = [
         include_str!("../cuda/sm90_moe_gemm.cuh"),
     ),
 ];
-/// The grouped GEMM's entry point, specialized with `-DMM_BN` and `-DMM_G128`.
+/// The grouped GEMM's entry point, specialized with `-DMM_BN` and `-DMM_FP8`.
 pub const GEMM_SOURCE: (&str, &str) =
     ("sm90_moe_gemm.cu", include_str!("../cuda/sm90_moe_gemm.cu"));

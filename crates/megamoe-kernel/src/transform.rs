@@ -84,8 +84,9 @@ impl GemmWeights {
     }
 }
 
-/// Scale bytes the BF16 decode keeps exact and normal: 0.5·2^s ≥ 2^-126 and 6·2^s < 2^128.
-const BF16_SCALE_RANGE: (u8, u8) = (2, 252);
+/// Scale bytes the BF16 decode handles: its multiplier 2^(s-1) is a BF16 normal (s <= 128: a
+/// block's largest weight at most 12), and the smallest decoded value 0.5·2^(s-127) one too (s >= 2).
+const BF16_SCALE_RANGE: (u8, u8) = (2, 128);
 
 /// Transforms `num_experts` experts of `n` rows by `k` columns.
 pub fn transform_weights(
@@ -297,21 +298,30 @@ fn fp8_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
 }
 
 /// BF16 k16 fragments of thread-in-quad `t` over one k32 block: pairs A, B, C, D at
-/// k = 2t, 2t+8, 16+2t, 24+2t (two elements each); magnitudes in nibbles 0..7, the sign of pair P's
-/// first/second element at bits (15, 31) for A, (11, 27) B, (7, 23) C, (3, 19) D.
+/// k = 2t, 2t+8, 16+2t, 24+2t (two elements each), laid out for the kernel's shift-and-multiply
+/// decode: each pair's two 3-bit magnitudes land at bits 6..8 and 22..24 of a BF16x2 register after
+/// one shift and mask (E2M1 there reads as a BF16 2^126 times too small, subnormals included), which
+/// one `mul.bf16x2` by 2^(s-1) scales exactly; C and D carry their signs at bits 15/31 after the
+/// same shift, A and B put theirs into the multiplier. `BF16_PAIRS[p]` = (magnitude shift, sign
+/// shift), left shifts positive: every bit of the word is used once.
 fn bf16_word(code_at: impl Fn(usize) -> u8, t: usize) -> u32 {
-    const PAIR_K: [usize; 4] = [0, 8, 16, 24];
-    const SIGN_BITS: [[u32; 2]; 4] = [[15, 31], [11, 27], [7, 23], [3, 19]];
     let mut w = 0u32;
-    for (p, (&dk, signs)) in PAIR_K.iter().zip(SIGN_BITS).enumerate() {
-        for (e, sign_bit) in signs.into_iter().enumerate() {
-            let code = code_at(dk + 2 * t + e);
-            w |= u32::from(code & 7) << (4 * (2 * p + e));
-            w |= u32::from(code >> 3) << sign_bit;
+    for (&dk, &(mag_shift, sign_shift)) in BF16_PAIR_K.iter().zip(&BF16_PAIRS) {
+        for e in 0..2 {
+            let code = u32::from(code_at(dk + 2 * t + e));
+            // Bit b of the word lands at b + shift: the magnitude at 6 + 16e, the sign at 15 + 16e.
+            let half = 16 * e as i32;
+            w |= (code & 7) << (6 + half - mag_shift);
+            w |= (code >> 3) << (15 + half - sign_shift);
         }
     }
     w
 }
+
+/// K offsets of the pairs A, B, C, D within a k32 block (plus 2t for thread-in-quad t).
+const BF16_PAIR_K: [usize; 4] = [0, 8, 16, 24];
+/// (magnitude shift, sign shift) of the pairs A, B, C, D: mirrors `decode_bf16_word` in the kernel.
+const BF16_PAIRS: [(i32, i32); 4] = [(0, 4), (-7, 5), (3, 3), (6, 6)];
 
 #[cfg(test)]
 mod tests {
@@ -390,19 +400,56 @@ mod tests {
         }
     }
 
+    /// The kernel's `decode_bf16_word` on the host: shift, mask, and an exact multiply by 2^(s-1)
+    /// (f64 holds every product) -> the value of pair `p`'s element `e`.
+    fn bf16_decode(w: u32, scale: u8, p: usize, e: usize) -> f64 {
+        let (mag_shift, sign_shift) = BF16_PAIRS[p];
+        let shift = |v: u32, s: i32| if s >= 0 { v << s } else { v >> -s };
+        let half = |v: u32| (v >> (16 * e)) & 0xffff;
+        let mag = half(shift(w, mag_shift)) & if mag_shift == sign_shift { 0x81c0 } else { 0x01c0 };
+        let sign = half(shift(w, sign_shift)) & 0x8000;
+        let value = f64::from(fp_formats::bf16::from_bits((mag | sign) as u16).to_f32());
+        value * f64::from(scale as i32 - 1).exp2()
+    }
+
     #[test]
-    fn bf16_words_hold_each_pair() {
-        let codes: Vec<u8> = (0..32).map(|i| (i * 5 % 16) as u8).collect();
+    fn bf16_words_decode_every_code_at_every_scale() {
         for t in 0..4 {
-            let w = bf16_word(|c| codes[c], t);
-            for (p, dk) in [0usize, 8, 16, 24].into_iter().enumerate() {
-                for e in 0..2 {
-                    let mag = (w >> (4 * (2 * p + e))) & 7;
-                    let sign = (w >> [[15, 31], [11, 27], [7, 23], [3, 19]][p][e]) & 1;
-                    assert_eq!((mag | sign << 3) as u8, codes[dk + 2 * t + e]);
+            for scale in BF16_SCALE_RANGE.0..=BF16_SCALE_RANGE.1 {
+                // Every code in every position (element i gets code (i + r) % 16 in round r).
+                for r in 0..16 {
+                    let codes: Vec<u8> = (0..32).map(|i| ((i + r) % 16) as u8).collect();
+                    let w = bf16_word(|c| codes[c], t);
+                    for (p, dk) in BF16_PAIR_K.into_iter().enumerate() {
+                        for e in 0..2 {
+                            let code = codes[dk + 2 * t + e];
+                            let want = f64::from(e2m1::decode(code))
+                                * f64::from(ue8m0::decode(scale));
+                            let got = bf16_decode(w, scale, p, e);
+                            assert!(
+                                got == want && got.is_sign_negative() == (code >= 8),
+                                "t {t} scale {scale} code {code:#x} pair {p}.{e}: {got} != {want}"
+                            );
+                        }
+                    }
                 }
             }
         }
+    }
+
+    #[test]
+    fn bf16_pairs_use_every_bit_once() {
+        let mut used = 0u64;
+        for &(mag_shift, sign_shift) in &BF16_PAIRS {
+            for e in 0..2 {
+                let half = 16 * e;
+                for bit in (6 + half - mag_shift..9 + half - mag_shift).chain([15 + half - sign_shift]) {
+                    assert!((0..32).contains(&bit) && used & (1 << bit) == 0, "bit {bit}");
+                    used |= 1 << bit;
+                }
+            }
+        }
+        assert_eq!(used, 0xffff_ffff);
     }
 
     #[test]
@@ -424,9 +471,16 @@ mod tests {
         );
         sf[5 * 4 + 3] = 114; // span 14 folds exactly
         transform_weights(Mma::Fp8, &w, &sf, e, n, k).unwrap();
-        // BF16 takes any span.
-        sf[5 * 4 + 3] = 160;
+        // BF16 takes any span inside its scale range, and names a scale above it.
+        sf[5 * 4 + 3] = 2;
+        sf[6 * 4] = 128;
         transform_weights(Mma::Bf16, &w, &sf, e, n, k).unwrap();
+        sf[6 * 4] = 129;
+        let err = transform_weights(Mma::Bf16, &w, &sf, e, n, k).unwrap_err();
+        assert!(
+            matches!(err, TransformError::ScaleRange { row: 6, byte: 129, max: 128, .. }),
+            "{err}"
+        );
     }
 
     #[test]
