@@ -14,7 +14,7 @@ use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 
-use crate::gemm::{DeviceWeights, GemmCore, GemmError, Pool, TOKEN_TILES, TilePlan};
+use crate::gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Pool, TOKEN_TILES, TilePlan};
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::{BLOCK_K, GemmWeights};
 
@@ -819,8 +819,8 @@ impl Pipeline {
             (&self.l1_act, &self.l1_sf, &self.w1, &mut self.l1_out)
         };
         let pool = Pool {
-            act,
-            act_sf: (self.shape.recipe == Recipe::G128).then_some(sf),
+            act: DeviceBytes::of(gpu, act),
+            act_sf: (self.shape.recipe == Recipe::G128).then(|| DeviceBytes::of(gpu, sf)),
             sf_stride: self.shape.sf_stride(),
             rows: plan.rows,
             expert_offset: &plan.expert_offset,
