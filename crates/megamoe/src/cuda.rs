@@ -1,8 +1,11 @@
 //! The CUDA backend: the unfused pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM →
 //! SwiGLU + re-quantization → L2 GEMM → combine, one launch each) on R local GPUs, one thread per
-//! rank over [`World::local`]. The ranks exchange buffer addresses once and expert counts per
-//! forward with `all_gather`, and meet at a host barrier after each stage that writes into a
-//! peer's memory (dispatch, combine). Bitwise equal to the CPU reference for the GEMM's rounding
+//! rank over [`World::local`]. Each rank allocates the buffers peers write into (L1 pool, its
+//! scales and row metadata, the combine buffer) as one symmetric buffer with
+//! [`World::alloc_symmetric`] and hands every rank's base, as mapped in its process, to the
+//! pipeline; no address is exchanged. The ranks exchange expert counts per forward with
+//! `all_gather`, and meet at a host barrier after each stage that writes into a peer's memory
+//! (dispatch, combine). Bitwise equal to the CPU reference for the GEMM's rounding
 //! and the contract's epilogue order; accepted at calc_diff ≤ 1e-5 (DESIGN §1).
 
 use std::time::{Duration, Instant};
@@ -10,8 +13,8 @@ use std::time::{Duration, Instant};
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
 use megamoe_kernel::transform_weights;
-use megamoe_kernel::unfused::{PeerAddresses, Pipeline, PipelineShape, UnfusedError};
-use symm_mem::{World, WorldError};
+use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
+use symm_mem::{SymmAllocation, World, WorldError};
 
 use crate::{Config, Problem, RankInputs, RankWeights};
 
@@ -100,17 +103,24 @@ pub fn pipeline_shape(config: &Config, max_tokens: usize) -> Result<PipelineShap
     )?)
 }
 
-/// One rank of the CUDA backend: its world, its JIT and its pipeline (weights loaded).
+/// One rank of the CUDA backend: its world, its JIT, its symmetric buffer and its pipeline
+/// (weights loaded). Every forward ends at a barrier after which no peer touches this rank's
+/// symmetric buffer, so a rank may be dropped once its forwards have returned; dropping waits for
+/// its GPU's queued work, then releases the pipeline before the buffer.
 pub struct CudaRank<'w> {
     world: &'w World,
     jit: Jit,
+    /// Declared before `symm`: dropped first, since it addresses it.
     pipe: Pipeline,
+    /// The pipeline's L1 pool, scales, row metadata and combine buffer
+    /// ([`PipelineShape::peer_layout`]), every rank's mapped in this process.
+    symm: SymmAllocation,
     config: Config,
 }
 
 impl<'w> CudaRank<'w> {
-    /// Collective: transforms and uploads this rank's `weights`, allocates the pools for
-    /// `max_tokens` tokens per rank and exchanges buffer addresses with the other ranks.
+    /// Collective: transforms and uploads this rank's `weights`, and allocates the symmetric
+    /// buffer and the pools for `max_tokens` tokens per rank (every rank passes the same).
     pub fn new(
         world: &'w World,
         config: &Config,
@@ -144,23 +154,19 @@ impl<'w> CudaRank<'w> {
         let w2 = transform_weights(config.recipe, &weights.w2, &weights.w2_sf, el, h, i)?;
         let gpu = world.local_gpu();
         let jit = Jit::new()?;
-        let mut pipe = Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2)?;
-        let all = world.all_gather(&pipe.addresses(gpu).to_bytes())?;
-        let peers = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| {
-                PeerAddresses::from_bytes(b).ok_or_else(|| {
-                    CudaError::Exchange(format!("rank {r} sent {} address bytes", b.len()))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        pipe.set_peers(gpu, &peers)?;
+        let symm = world.alloc_symmetric(shape.peer_layout().bytes)?;
+        // SAFETY: `symm.bases()` are every rank's live buffer of `peer_layout().bytes` bytes, mapped
+        // in this process for this GPU (peer access or VMM import: World::alloc_symmetric); `symm`
+        // outlives `pipe` (field order, and Drop waits for the GPU first); only the ranks'
+        // pipelines write into them, between the barriers of `forward`.
+        let pipe =
+            unsafe { Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2, symm.bases()) }?;
         gpu.synchronize()?;
         Ok(Self {
             world,
             jit,
             pipe,
+            symm,
             config: *config,
         })
     }
@@ -171,6 +177,11 @@ impl<'w> CudaRank<'w> {
 
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipe
+    }
+
+    /// The symmetric buffer the pipeline's peer-written regions live in.
+    pub fn symmetric_buffer(&self) -> &SymmAllocation {
+        &self.symm
     }
 
     /// Poisons y, the combine buffer and the GEMM outputs (tests).
@@ -266,6 +277,15 @@ impl<'w> CudaRank<'w> {
         let y = self.pipe.download_y(gpu)?;
         times.download = lap(&mut clock);
         Ok((y.into_iter().map(bf16::from_bits).collect(), times))
+    }
+}
+
+impl Drop for CudaRank<'_> {
+    fn drop(&mut self) {
+        // Unmapping a VMM buffer is not ordered on the stream: nothing of ours may still run.
+        if let Err(e) = self.world.local_gpu().synchronize() {
+            tracing::warn!(rank = self.world.rank(), error = %e, "GPU synchronize before releasing the pipeline failed");
+        }
     }
 }
 
