@@ -1,6 +1,10 @@
 //! The `megamoe` CLI: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
 //! a backend (cpu, cpu-dataflow, cuda), `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
-//! prints `moe_sched`'s per-rank plan of a preset.
+//! prints `moe_sched`'s per-rank plan of a preset, `bench` times the cuda backend.
+//!
+//! `--world process` (cuda `run`, `bench`) runs one process per rank: the command launches itself
+//! once per rank with torchrun's variables set (`megamoe::cuda::spawn_rank_processes`), and a
+//! process that finds them set (launched so, or by torchrun) is that rank.
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -12,8 +16,10 @@ use megamoe::generate::{self, GenOptions};
 use megamoe::reference::Forward;
 use megamoe::{Config, Recipe};
 use moe_sched::{Plan, PlanConfig};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use symm_mem::ProcessEnv;
 use tracing::info;
 
 #[derive(Parser)]
@@ -35,6 +41,9 @@ enum Command {
         dir: PathBuf,
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
+        /// cuda: the ranks as threads of this process, or one process per rank.
+        #[arg(long, value_enum, default_value_t = WorldKind::Local)]
+        world: WorldKind,
         /// cpu-dataflow: GEMM worker threads per rank.
         #[arg(long, default_value_t = EngineOptions::default().workers_per_rank)]
         workers: usize,
@@ -80,6 +89,9 @@ struct BenchArgs {
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// The ranks as threads of this process, or one process per rank (rank 0 reports its times).
+    #[arg(long, value_enum, default_value_t = WorldKind::Local)]
+    world: WorldKind,
 }
 
 #[derive(clap::Args)]
@@ -134,6 +146,17 @@ enum Backend {
     Cuda,
 }
 
+/// How the ranks of the cuda backend run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum WorldKind {
+    /// One process, a thread per rank (peer access between the GPUs).
+    Local,
+    /// One process per rank (memory shared between the processes): the command launches itself
+    /// once per rank; under torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) it
+    /// is that rank.
+    Process,
+}
+
 /// `--clamp` value: `none` switches the clamp off.
 #[derive(Clone, Copy)]
 struct Clamp(Option<f32>);
@@ -158,27 +181,25 @@ fn main() -> anyhow::Result<()> {
         Command::Gen(args) => generate_problem(args),
         Command::Run {
             dir,
-            backend: Backend::Cpu,
-            ..
-        } => run_cpu(&dir),
-        Command::Run {
-            dir,
-            backend: Backend::Cuda,
-            ..
-        } => run_cuda(&dir),
-        Command::Run {
-            dir,
-            backend: Backend::CpuDataflow,
+            backend,
+            world,
             workers,
             dispatch_threads,
-        } => run_dataflow(
-            &dir,
-            EngineOptions {
-                workers_per_rank: workers,
-                dispatch_threads_per_rank: dispatch_threads,
-                ..EngineOptions::default()
-            },
-        ),
+        } => match (backend, world) {
+            (Backend::Cuda, world) => run_cuda(&dir, world),
+            (_, WorldKind::Process) => {
+                bail!("--world process is for the cuda backend (--backend cuda)")
+            }
+            (Backend::Cpu, WorldKind::Local) => run_cpu(&dir),
+            (Backend::CpuDataflow, WorldKind::Local) => run_dataflow(
+                &dir,
+                EngineOptions {
+                    workers_per_rank: workers,
+                    dispatch_threads_per_rank: dispatch_threads,
+                    ..EngineOptions::default()
+                },
+            ),
+        },
         Command::Check { a, b, tol } => check(&a, &b, tol),
         Command::Plan(args) => plan(&args),
         Command::Bench(args) => bench(&args),
@@ -347,8 +368,24 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cuda(dir: &Path) -> anyhow::Result<()> {
+fn run_cuda(dir: &Path, world: WorldKind) -> anyhow::Result<()> {
     let start = Instant::now();
+    if world == WorldKind::Process {
+        if ProcessEnv::present() {
+            let run = megamoe::cuda::run_process(|world| megamoe::cuda::run_dir_rank(world, dir))?;
+            println!("rank {}: T = {}: {}", run.rank, run.tokens, run.times);
+            return Ok(());
+        }
+        let config = files::read_config(dir)?;
+        files::check_rank_files(dir, &config)?;
+        launch_ranks(config.num_ranks)?;
+        println!(
+            "cuda: {} rank process(es), unfused pipeline, total {:.3}s (JIT, weight transform and upload included)",
+            config.num_ranks,
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let problem = files::read_problem(dir)?;
     let (config, inputs) = (&problem.config, &problem.inputs);
     let t = Instant::now();
@@ -358,14 +395,7 @@ fn run_cuda(dir: &Path) -> anyhow::Result<()> {
     let stages: Vec<String> = run
         .iter()
         .enumerate()
-        .map(|(r, (_, times))| {
-            let parts: Vec<String> = times
-                .stages()
-                .iter()
-                .map(|(name, d)| format!("{name} {:.3}", d.as_secs_f64() * 1e3))
-                .collect();
-            format!("rank {r}: {} ms", parts.join(", "))
-        })
+        .map(|(r, (_, times))| format!("rank {r}: {times}"))
         .collect();
     write_outputs(
         dir,
@@ -381,6 +411,18 @@ fn run_cuda(dir: &Path) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64(),
         stages.join("\n")
     );
+    Ok(())
+}
+
+/// `--world process` without torchrun's variables: runs this command once per rank (each finds
+/// them set and is its rank), then prints their logs and output in rank order.
+fn launch_ranks(ranks: usize) -> anyhow::Result<()> {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let exe = std::env::current_exe().context("cannot find this executable to launch the ranks")?;
+    for output in megamoe::cuda::spawn_rank_processes(ranks, &exe, &args)? {
+        eprint!("{}", output.stderr);
+        print!("{}", output.stdout);
+    }
     Ok(())
 }
 
@@ -482,6 +524,9 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         config.num_experts = experts;
     }
     config.validate()?;
+    if args.world == WorldKind::Process && !ProcessEnv::present() {
+        return launch_ranks(config.num_ranks);
+    }
     let opts = megamoe::bench::BenchOptions {
         config,
         tokens: args.tokens.clone(),
@@ -492,28 +537,60 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
     );
-    if !args.json {
-        bar.println(format!(
-            "{} on {} GPU(s): H {}, I {}, E {} ({} per rank), top-{}; median of {}",
-            args.preset,
-            config.num_ranks,
-            config.hidden,
-            config.intermediate,
-            config.num_experts,
-            config.experts_per_rank(),
-            config.top_k,
-            opts.reps
-        ));
-        bar.println(megamoe::bench::BenchRow::HEADER);
-    }
-    let rows = megamoe::bench::run(&opts, |row| {
+    // A hidden bar (stderr is no terminal, e.g. a rank process) prints nothing.
+    let say = |line: String| {
+        if bar.is_hidden() {
+            println!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
+    let header = || {
         if !args.json {
-            bar.println(row.to_string());
+            say(format!(
+                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}",
+                args.preset,
+                config.num_ranks,
+                match args.world {
+                    WorldKind::Local => "",
+                    WorldKind::Process => ", a process each",
+                },
+                config.hidden,
+                config.intermediate,
+                config.num_experts,
+                config.experts_per_rank(),
+                config.top_k,
+                opts.reps
+            ));
+            say(megamoe::bench::BenchRow::HEADER.to_owned());
+        }
+    };
+    let show = |row: &megamoe::bench::BenchRow| {
+        if !args.json {
+            say(row.to_string());
         }
         bar.inc(1);
-    })?;
+    };
+    let rows = match args.world {
+        WorldKind::Local => {
+            header();
+            Some(megamoe::bench::run(&opts, show)?)
+        }
+        // Rank 0 prints the table; the other ranks log their own times.
+        WorldKind::Process => megamoe::cuda::run_process(|world| {
+            let me = world.rank();
+            if me == 0 {
+                header();
+                return Ok(Some(megamoe::bench::run_rank(world, &opts, show)?));
+            }
+            megamoe::bench::run_rank(world, &opts, |row| info!(rank = me, %row, "bench"))?;
+            Ok(None)
+        })?,
+    };
     bar.finish_and_clear();
-    if args.json {
+    if let Some(rows) = rows
+        && args.json
+    {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())
