@@ -5,7 +5,7 @@
 //! | `setup-cuda` | ensures a CUDA toolchain (`scripts/cuda-toolchain.sh`) and prints its environment |
 //! | `kernels` | compiles every registered kernel for sm_90a and sm_100a, prints the ptxas resource table, fails on a compile error or a spill in a `no_spill` kernel |
 //! | `test-gpu` | on a machine with a GPU: `cargo test --workspace -- --ignored` |
-//! | `test-multigpu` | the same on a machine with ≥ 2 GPUs, where a test that needs more GPUs than present fails instead of skipping |
+//! | `test-multigpu` | the same on a machine with ≥ 2 GPUs, where a test that needs more GPUs than present fails instead of skipping; the multi-process tests (symm-mem's worlds, the cuda backend's `--world process`) launch their test binary once per rank |
 //! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with a `run.sh` for a GPU machine without Rust |
 //! | `ci` | the CI entry point: `setup-cuda`, `cargo test --workspace`, `kernels` |
 //! | `demo` | the main job: generate a problem, run it on the CPU backend, check it against `scripts/check_reference.py`; with a GPU per rank, also the CUDA backend checked against the CPU and the grouped-GEMM benchmark |

@@ -11,7 +11,9 @@ use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
 use megamoe_kernel::gemm::{TOKEN_TILES, parse_route, token_tiles};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
-use megamoe_kernel::{DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights};
+use megamoe_kernel::{
+    DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
+};
 use rand::{Rng, SeedableRng};
 
 const EXPERTS: usize = 48;
@@ -208,8 +210,8 @@ fn main() {
                 {
                     let k = layer.weights.k;
                     let device_pool = Pool {
-                        act,
-                        act_sf: act_sf.as_ref(),
+                        act: DeviceBytes::of(&gpu, act),
+                        act_sf: act_sf.as_ref().map(|sf| DeviceBytes::of(&gpu, sf)),
                         sf_stride: *sf_stride,
                         rows: pool.rows,
                         expert_offset: &pool.expert_offset,

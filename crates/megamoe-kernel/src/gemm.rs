@@ -1,6 +1,9 @@
 //! The Hopper grouped GEMM (`cuda/sm90_moe_gemm.cuh`) from the host: its JIT specializations
 //! (tensor-core route × tokens per tile), the shared-memory plan they are compiled with, weights and
-//! pools on the device, input validation, and the launch.
+//! pools on the device (a pool is read by address: a `CudaSlice` or a region of a symmetric
+//! buffer), input validation, and the launch.
+
+use std::marker::PhantomData;
 
 use cuda_rt::tma::{Swizzle, TensorMapDesc, TmaDataType};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
@@ -339,12 +342,54 @@ impl DeviceWeights {
     }
 }
 
+/// Device memory by address and length: what the GEMM reads a pool from, wherever it lives (a
+/// `CudaSlice` of this GPU, or a region of a symmetric buffer that peers write into). `'a` is how
+/// long the memory is borrowed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBytes<'a> {
+    ptr: u64,
+    bytes: usize,
+    memory: PhantomData<&'a [u8]>,
+}
+
+impl<'a> DeviceBytes<'a> {
+    /// All of `slice`, for work on `gpu`'s stream (where `slice` is allocated and used).
+    pub fn of<T>(gpu: &Gpu, slice: &'a CudaSlice<T>) -> Self {
+        Self {
+            ptr: slice.device_ptr(gpu.stream()).0,
+            bytes: slice.num_bytes(),
+            memory: PhantomData,
+        }
+    }
+
+    /// `bytes` bytes at device address `ptr`.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + bytes)` must be device memory the GPU it is used on may read, live and not
+    /// written by other work for `'a`.
+    pub unsafe fn from_raw(ptr: u64, bytes: usize) -> Self {
+        Self {
+            ptr,
+            bytes,
+            memory: PhantomData,
+        }
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// An expert-contiguous activation pool on the device.
 /// FP8: `act` is E4M3 `[rows][k]` and `act_sf` UE8M0 `[k/128][sf_stride]` (MN-major);
 /// BF16: `act` is BF16 `[rows][k]` (E4M3 × 2^scale, exactly widened, any group) and there are no scales.
 pub struct Pool<'a> {
-    pub act: &'a CudaSlice<u8>,
-    pub act_sf: Option<&'a CudaSlice<u8>>,
+    pub act: DeviceBytes<'a>,
+    pub act_sf: Option<DeviceBytes<'a>>,
     pub sf_stride: usize,
     pub rows: usize,
     /// First row of each expert (multiples of 16) and its row count, as the host sees them.
@@ -390,12 +435,11 @@ impl GemmCore {
             Mma::Bf16 => (TmaDataType::BF16, 2u64),
         };
         let stream = gpu.stream();
-        let (act_addr, _act) = pool.act.device_ptr(stream);
         let k = weights.k as u64;
         // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile.
         let map = TensorMapDesc::matrix(
             data_type,
-            act_addr,
+            pool.act.ptr(),
             [pool.rows as u64, k],
             k * elem,
             [bn, (128 / elem) as u32],
@@ -406,18 +450,11 @@ impl GemmCore {
         let (meta, _g2) = weights.meta.device_ptr(stream);
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
-        let (act_sf, _g5) = match pool.act_sf {
-            Some(sf) => {
-                let (addr, guard) = sf.device_ptr(stream);
-                (addr, Some(guard))
-            }
-            None => (0, None),
-        };
         let (out_addr, _g6) = out.device_ptr_mut(stream);
         let params = GemmParams {
             w_codes: codes,
             w_meta: meta,
-            act_sf,
+            act_sf: pool.act_sf.map_or(0, |sf| sf.ptr()),
             out: out_addr,
             expert_offset: offsets,
             expert_rows: rows,
@@ -428,7 +465,8 @@ impl GemmCore {
         };
         let config = LaunchConfig::linear(self.sm_count * self.plan.ctas_per_sm as u32, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32);
-        // SAFETY: `check` proved every buffer covers what the kernel reads and writes for this pool.
+        // SAFETY: `check` proved every buffer covers what the kernel reads and writes for this pool
+        // (the pool's `DeviceBytes` vouch for their lengths).
         unsafe {
             self.kernel
                 .launch(stream, config)
@@ -454,12 +492,12 @@ impl GemmCore {
             });
         }
         let elem = self.plan.mma.act_elem();
-        if pool.act.len() < pool.rows * weights.k * elem {
+        if pool.act.bytes() < pool.rows * weights.k * elem {
             return bad(
                 "activations",
                 format!(
                     "{} bytes for {} rows of K = {}",
-                    pool.act.len(),
+                    pool.act.bytes(),
                     pool.rows,
                     weights.k
                 ),
@@ -526,13 +564,14 @@ impl GemmCore {
                     "the FP8 route needs per-128 activation scales".into(),
                 );
             };
-            if !pool.sf_stride.is_multiple_of(16) || sf.len() < pool.sf_stride * weights.k / BLOCK_K
+            if !pool.sf_stride.is_multiple_of(16)
+                || sf.bytes() < pool.sf_stride * weights.k / BLOCK_K
             {
                 return bad(
                     "activation scales",
                     format!(
                         "{} bytes, stride {} (a multiple of 16), K/128 = {}",
-                        sf.len(),
+                        sf.bytes(),
                         pool.sf_stride,
                         weights.k / BLOCK_K
                     ),

@@ -406,7 +406,12 @@ mod tests {
         let (mag_shift, sign_shift) = BF16_PAIRS[p];
         let shift = |v: u32, s: i32| if s >= 0 { v << s } else { v >> -s };
         let half = |v: u32| (v >> (16 * e)) & 0xffff;
-        let mag = half(shift(w, mag_shift)) & if mag_shift == sign_shift { 0x81c0 } else { 0x01c0 };
+        let mag = half(shift(w, mag_shift))
+            & if mag_shift == sign_shift {
+                0x81c0
+            } else {
+                0x01c0
+            };
         let sign = half(shift(w, sign_shift)) & 0x8000;
         let value = f64::from(fp_formats::bf16::from_bits((mag | sign) as u16).to_f32());
         value * f64::from(scale as i32 - 1).exp2()
@@ -423,8 +428,8 @@ mod tests {
                     for (p, dk) in BF16_PAIR_K.into_iter().enumerate() {
                         for e in 0..2 {
                             let code = codes[dk + 2 * t + e];
-                            let want = f64::from(e2m1::decode(code))
-                                * f64::from(ue8m0::decode(scale));
+                            let want =
+                                f64::from(e2m1::decode(code)) * f64::from(ue8m0::decode(scale));
                             let got = bf16_decode(w, scale, p, e);
                             assert!(
                                 got == want && got.is_sign_negative() == (code >= 8),
@@ -443,8 +448,13 @@ mod tests {
         for &(mag_shift, sign_shift) in &BF16_PAIRS {
             for e in 0..2 {
                 let half = 16 * e;
-                for bit in (6 + half - mag_shift..9 + half - mag_shift).chain([15 + half - sign_shift]) {
-                    assert!((0..32).contains(&bit) && used & (1 << bit) == 0, "bit {bit}");
+                for bit in
+                    (6 + half - mag_shift..9 + half - mag_shift).chain([15 + half - sign_shift])
+                {
+                    assert!(
+                        (0..32).contains(&bit) && used & (1 << bit) == 0,
+                        "bit {bit}"
+                    );
                     used |= 1 << bit;
                 }
             }
@@ -478,7 +488,15 @@ mod tests {
         sf[6 * 4] = 129;
         let err = transform_weights(Mma::Bf16, &w, &sf, e, n, k).unwrap_err();
         assert!(
-            matches!(err, TransformError::ScaleRange { row: 6, byte: 129, max: 128, .. }),
+            matches!(
+                err,
+                TransformError::ScaleRange {
+                    row: 6,
+                    byte: 129,
+                    max: 128,
+                    ..
+                }
+            ),
             "{err}"
         );
     }

@@ -1,20 +1,31 @@
 //! The unfused MoE pipeline on one GPU of an expert-parallel world: dispatch → L1 GEMM → SwiGLU +
 //! re-quantization → L2 GEMM → combine, each its own launch (`cuda/sm90_unfused.cuh` for the glue,
-//! the grouped GEMM of [`crate::gemm`] for L1/L2). The ranks meet on the host between stages; this
-//! module knows no world: the caller exchanges [`PeerAddresses`] and expert counts (e.g. through
+//! the grouped GEMM of [`crate::gemm`] for L1/L2). The ranks meet on the host between stages.
+//!
+//! The four buffers peers write into — the L1 pool's activations and scales, its row metadata and
+//! the combine buffer — are the regions of one symmetric buffer per rank ([`PeerLayout`], from
+//! [`PipelineShape::peer_layout`]), which the caller allocates on every rank (e.g.
+//! `symm_mem::World::alloc_symmetric`: plain device memory with peer access for ranks that are
+//! threads of one process, VMM memory imported from the other ranks for ranks that are processes)
+//! and hands to [`Pipeline::new`] as every rank's base address mapped in this process. Every
+//! rank's [`PeerAddresses`] follow from its base and the fixed offsets, so no address is
+//! exchanged. This module knows no world: the caller exchanges the expert counts (e.g. through
 //! `symm_mem::World::all_gather`) and synchronizes the ranks between the stages that write into a
 //! peer's memory ([`Pipeline::dispatch`], [`Pipeline::combine_send`]).
 //!
 //! Host-side bookkeeping (runs everywhere, tested without a GPU): [`expert_counts`] of a source
 //! rank, the owner's [`PoolPlan`] (expert offsets, multiples of [`POOL_ROW_ALIGN`] rows; inside an
-//! expert the rows of source rank 0 first, then rank 1, …, each in (token, slot) order), and the
-//! destination row of every (token, slot) pair of a source ([`routes`]).
+//! expert the rows of source rank 0 first, then rank 1, …, each in (token, slot) order), the
+//! destination row of every (token, slot) pair of a source ([`routes`]), and the symmetric
+//! buffer's [`PeerLayout`] with the peer table derived from the ranks' bases.
 
 use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 
-use crate::gemm::{DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan};
+use crate::gemm::{
+    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan,
+};
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::{BLOCK_K, GemmWeights};
 
@@ -22,6 +33,10 @@ use crate::transform::{BLOCK_K, GemmWeights};
 const THREADS: u32 = 128;
 /// The largest GEMM token tile: g128 scale tables reach this far past the last used row.
 const MAX_TILE: usize = TOKEN_TILES[TOKEN_TILES.len() - 1];
+/// Alignment of every region of the symmetric buffer ([`PeerLayout`]) and of its base addresses
+/// (what `cudaMalloc` guarantees; VMM mappings are aligned to their 2 MiB granularity): more than
+/// the glue kernels' 16-byte vector accesses and TMA's 16-byte global address rule need.
+pub const PEER_REGION_ALIGN: usize = 256;
 
 /// The glue kernels' source.
 pub const UNFUSED_SOURCE: (&str, &str) =
@@ -139,6 +154,39 @@ impl PipelineShape {
     /// Bytes per pool element: E4M3 for the FP8 route, BF16 for the BF16 route.
     pub fn act_elem(&self) -> usize {
         self.mma.act_elem()
+    }
+
+    /// Bytes of a pool's scale table for `k` channels: FP8 route `[k/128][sf_stride]` UE8M0; BF16
+    /// pools are widened and have none.
+    pub fn sf_bytes(&self, k: usize) -> usize {
+        match self.mma {
+            Mma::Fp8 => k / BLOCK_K * self.sf_stride(),
+            Mma::Bf16 => 0,
+        }
+    }
+
+    /// The regions of one rank's symmetric buffer that peers write into, in this order, each
+    /// aligned to [`PEER_REGION_ALIGN`]: the L1 pool (`[pool_rows][H]` E4M3 or BF16), its scales
+    /// ([`Self::sf_bytes`] of H), its [`RowMeta`] `[pool_rows]`, and the combine buffer
+    /// `[top_k][max_tokens][H]` BF16.
+    pub fn peer_layout(&self) -> PeerLayout {
+        let mut end = 0usize;
+        let mut region = |bytes: usize| {
+            let offset = end.next_multiple_of(PEER_REGION_ALIGN);
+            end = offset + bytes;
+            PeerRegion { offset, bytes }
+        };
+        let l1_act = region(self.pool_rows * self.hidden * self.act_elem());
+        let l1_sf = region(self.sf_bytes(self.hidden));
+        let meta = region(self.pool_rows * size_of::<RowMeta>());
+        let combine = region(self.top_k * self.max_tokens * self.hidden * size_of::<u16>());
+        PeerLayout {
+            l1_act,
+            l1_sf,
+            meta,
+            combine,
+            bytes: end.next_multiple_of(PEER_REGION_ALIGN),
+        }
     }
 
     pub fn validate(&self) -> Result<(), UnfusedError> {
@@ -445,36 +493,94 @@ impl GlueKernels {
     }
 }
 
-/// Addresses of one rank's buffers that peers write into, as that rank's process sees them (one
-/// process: the same addresses are valid on every GPU with peer access).
+/// One region of the symmetric buffer: `bytes` bytes from `offset` past the rank's base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerRegion {
+    pub offset: usize,
+    pub bytes: usize,
+}
+
+impl PeerRegion {
+    pub fn end(&self) -> usize {
+        self.offset + self.bytes
+    }
+}
+
+/// Where the buffers that peers write into lie in each rank's symmetric buffer (the same on every
+/// rank): [`PipelineShape::peer_layout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLayout {
+    pub l1_act: PeerRegion,
+    pub l1_sf: PeerRegion,
+    pub meta: PeerRegion,
+    pub combine: PeerRegion,
+    /// The buffer's size: every region's end, rounded up to [`PEER_REGION_ALIGN`].
+    pub bytes: usize,
+}
+
+impl PeerLayout {
+    /// The regions in buffer order.
+    pub fn regions(&self) -> [(&'static str, PeerRegion); 4] {
+        [
+            ("l1_act", self.l1_act),
+            ("l1_sf", self.l1_sf),
+            ("meta", self.meta),
+            ("combine", self.combine),
+        ]
+    }
+
+    /// The addresses of the buffer whose base is `base`.
+    pub fn addresses(&self, base: u64) -> PeerAddresses {
+        let at = |r: PeerRegion| base + r.offset as u64;
+        PeerAddresses {
+            l1_act: at(self.l1_act),
+            l1_sf: at(self.l1_sf),
+            meta: at(self.meta),
+            combine: at(self.combine),
+        }
+    }
+
+    /// The glue kernels' peer table `[4][R]` (`l1_act`, `l1_sf`, `meta`, `combine` of every rank)
+    /// from every rank's base (`bases[r]`, as mapped in this process); refused unless there is one
+    /// base per rank, each aligned to [`PEER_REGION_ALIGN`].
+    pub fn peer_table(&self, bases: &[u64], num_ranks: usize) -> Result<Vec<u64>, UnfusedError> {
+        let bad = |detail: String| UnfusedError::Shape {
+            what: "symmetric buffer bases",
+            detail,
+        };
+        if bases.len() != num_ranks {
+            return Err(bad(format!(
+                "{} bases, the shape has {num_ranks} ranks",
+                bases.len()
+            )));
+        }
+        if let Some((rank, base)) = bases
+            .iter()
+            .enumerate()
+            .find(|(_, b)| !b.is_multiple_of(PEER_REGION_ALIGN as u64))
+        {
+            return Err(bad(format!(
+                "rank {rank}'s base {base:#x} is not aligned to {PEER_REGION_ALIGN} bytes"
+            )));
+        }
+        let all: Vec<PeerAddresses> = bases.iter().map(|&b| self.addresses(b)).collect();
+        Ok([
+            all.iter().map(|a| a.l1_act).collect::<Vec<_>>(),
+            all.iter().map(|a| a.l1_sf).collect(),
+            all.iter().map(|a| a.meta).collect(),
+            all.iter().map(|a| a.combine).collect(),
+        ]
+        .concat())
+    }
+}
+
+/// The addresses of one rank's buffers that peers write into, as this process maps them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddresses {
     pub l1_act: u64,
     pub l1_sf: u64,
     pub meta: u64,
     pub combine: u64,
-}
-
-impl PeerAddresses {
-    pub fn to_bytes(self) -> Vec<u8> {
-        [self.l1_act, self.l1_sf, self.meta, self.combine]
-            .iter()
-            .flat_map(|a| a.to_le_bytes())
-            .collect()
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != 32 {
-            return None;
-        }
-        let word = |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap());
-        Some(Self {
-            l1_act: word(0),
-            l1_sf: word(1),
-            meta: word(2),
-            combine: word(3),
-        })
-    }
 }
 
 /// One rank's inputs on the device for one forward.
@@ -510,13 +616,15 @@ fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::Va
     Ok(s)
 }
 
-/// One rank's unfused pipeline: its transformed weights, its pools, its combine buffer, the peer
-/// tables, and a method per stage. Every stage is queued on the GPU's stream; [`Pipeline::stage_sync`]
-/// waits for it. The caller runs, on every rank in this order: [`Pipeline::set_inputs`] (+ the
-/// counts exchange and [`Pipeline::set_plans`]), [`Pipeline::reset_meta`], *sync + barrier*,
-/// [`Pipeline::dispatch`], *sync + barrier*, [`Pipeline::l1`], [`Pipeline::swiglu`],
-/// [`Pipeline::l2`], [`Pipeline::combine_send`], *sync + barrier*, [`Pipeline::combine_reduce`],
-/// [`Pipeline::download_y`].
+/// One rank's unfused pipeline: its transformed weights, its local buffers (L1/L2 outputs, the L2
+/// pool, y), its view of every rank's symmetric buffer (its own L1 pool, metadata and combine
+/// buffer live in its own), and a method per stage. Every stage is queued on the GPU's stream;
+/// [`Pipeline::stage_sync`] waits for it. The caller runs, on every rank in this order:
+/// [`Pipeline::set_inputs`] (+ the counts exchange and [`Pipeline::set_plans`]),
+/// [`Pipeline::reset_meta`], *sync + barrier*, [`Pipeline::dispatch`], *sync + barrier*,
+/// [`Pipeline::l1`], [`Pipeline::swiglu`], [`Pipeline::l2`], [`Pipeline::combine_send`], *sync +
+/// barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`]. After the last barrier no peer
+/// touches this rank's symmetric buffer again.
 pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
@@ -524,18 +632,18 @@ pub struct Pipeline {
     cores: Vec<Option<GemmCore>>,
     w1: DeviceWeights,
     w2: DeviceWeights,
-    l1_act: CudaSlice<u8>,
-    l1_sf: CudaSlice<u8>,
-    /// RowMeta `[pool_rows]` as 4 words each.
-    meta: CudaSlice<i32>,
+    /// Where the L1 pool, its scales, the RowMeta `[pool_rows]` and the combine buffer lie in
+    /// every rank's symmetric buffer.
+    layout: PeerLayout,
+    /// This rank's own symmetric buffer.
+    base: u64,
+    /// `[4][R]`: l1_act, l1_sf, meta, combine of every rank ([`PeerLayout::peer_table`]).
+    peers: CudaSlice<u64>,
     l1_out: CudaSlice<u16>,
     l2_act: CudaSlice<u8>,
     l2_sf: CudaSlice<u8>,
     l2_out: CudaSlice<u16>,
-    combine: CudaSlice<u16>,
     y: CudaSlice<u16>,
-    /// `[4][R]`: l1_act, l1_sf, meta, combine of every rank.
-    peers: Option<CudaSlice<u64>>,
     inputs: Option<Inputs>,
     plan: Option<PoolPlan>,
     route: Option<CudaSlice<i32>>,
@@ -543,15 +651,25 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Transformed weights `w1` (n = 2I, K = H) and `w2` (n = H, K = I) of this rank's experts, and
-    /// every buffer of `shape` (poisoned with 0xff bytes).
-    pub fn new(
+    /// Transformed weights `w1` (n = 2I, K = H) and `w2` (n = H, K = I) of this rank's experts, the
+    /// local buffers of `shape`, and the peer table from `peer_bases` (every rank's symmetric buffer
+    /// of [`PipelineShape::peer_layout`]`.bytes`, by rank, as mapped in this process). This rank's
+    /// own symmetric buffer and every local buffer are poisoned with 0xff bytes.
+    ///
+    /// # Safety
+    /// `peer_bases[r]` must be the base of rank r's symmetric buffer of at least
+    /// `shape.peer_layout().bytes` bytes, mapped in this process so that `gpu` may read and write
+    /// it (`peer_bases[rank]` is `gpu`'s own memory), live for as long as the pipeline, and written
+    /// only by the pipelines of the same world, ordered by the barriers described on [`Pipeline`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn new(
         gpu: &Gpu,
         jit: &Jit,
         shape: PipelineShape,
         rank: usize,
         w1: &GemmWeights,
         w2: &GemmWeights,
+        peer_bases: &[u64],
     ) -> Result<Self, UnfusedError> {
         shape.validate()?;
         let el = shape.experts_per_rank();
@@ -567,67 +685,62 @@ impl Pipeline {
                 });
             }
         }
+        if rank >= shape.num_ranks {
+            return Err(UnfusedError::Shape {
+                what: "rank",
+                detail: format!("{rank} is not below R = {}", shape.num_ranks),
+            });
+        }
+        let layout = shape.peer_layout();
+        let table = layout.peer_table(peer_bases, shape.num_ranks)?;
         let rows = shape.pool_rows;
         let elem = shape.act_elem();
-        let sf_len = |k: usize| match shape.mma {
-            Mma::Fp8 => k / BLOCK_K * shape.sf_stride(),
-            Mma::Bf16 => 1,
-        };
-        Ok(Self {
+        let pipeline = Self {
             shape,
             rank,
             glue: GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?,
             cores: (0..2 * TOKEN_TILES.len()).map(|_| None).collect(),
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
-            l1_act: poisoned(gpu, rows * h * elem)?,
-            l1_sf: poisoned(gpu, sf_len(h))?,
-            meta: poisoned(gpu, rows * 4)?,
+            layout,
+            base: peer_bases[rank],
+            peers: gpu.upload(&table)?,
             l1_out: poisoned(gpu, rows * 2 * i)?,
             l2_act: poisoned(gpu, rows * i * elem)?,
-            l2_sf: poisoned(gpu, sf_len(i))?,
+            l2_sf: poisoned(gpu, shape.sf_bytes(i))?,
             l2_out: poisoned(gpu, rows * h)?,
-            combine: poisoned(gpu, shape.top_k * shape.max_tokens * h)?,
             y: poisoned(gpu, shape.max_tokens * h)?,
-            peers: None,
             inputs: None,
             plan: None,
             route: None,
             offsets_dev: None,
-        })
+        };
+        // Last, so that nothing is queued on this buffer when an earlier step fails; no peer
+        // writes into it before the first forward's barriers.
+        pipeline.fill_own(
+            gpu,
+            PeerRegion {
+                offset: 0,
+                bytes: layout.bytes,
+            },
+            0xff,
+        )?;
+        Ok(pipeline)
     }
 
-    /// This rank's buffers that peers write into.
-    pub fn addresses(&self, gpu: &Gpu) -> PeerAddresses {
-        let s = gpu.stream();
-        PeerAddresses {
-            l1_act: self.l1_act.device_ptr(s).0,
-            l1_sf: self.l1_sf.device_ptr(s).0,
-            meta: self.meta.device_ptr(s).0,
-            combine: self.combine.device_ptr(s).0,
-        }
+    /// The regions of this rank's own symmetric buffer.
+    fn own(&self) -> PeerAddresses {
+        self.layout.addresses(self.base)
     }
 
-    /// Every rank's [`PeerAddresses`], by rank.
-    pub fn set_peers(&mut self, gpu: &Gpu, all: &[PeerAddresses]) -> Result<(), UnfusedError> {
-        if all.len() != self.shape.num_ranks {
-            return Err(UnfusedError::Shape {
-                what: "peer table",
-                detail: format!(
-                    "{} ranks, the shape has {}",
-                    all.len(),
-                    self.shape.num_ranks
-                ),
-            });
+    /// Sets `region` of this rank's own symmetric buffer to `byte`, ordered on the stream. Only for
+    /// regions no peer writes into before the next barrier.
+    fn fill_own(&self, gpu: &Gpu, region: PeerRegion, byte: u8) -> Result<(), UnfusedError> {
+        if region.bytes > 0 {
+            // SAFETY: inside this rank's own buffer of layout.bytes bytes on `gpu`
+            // (Pipeline::new's contract); the caller keeps peers out.
+            unsafe { gpu.memset_raw(self.base + region.offset as u64, region.bytes, byte)? };
         }
-        let table: Vec<u64> = [
-            all.iter().map(|a| a.l1_act).collect::<Vec<_>>(),
-            all.iter().map(|a| a.l1_sf).collect(),
-            all.iter().map(|a| a.meta).collect(),
-            all.iter().map(|a| a.combine).collect(),
-        ]
-        .concat();
-        self.peers = Some(gpu.upload(&table)?);
         Ok(())
     }
 
@@ -635,7 +748,8 @@ impl Pipeline {
     /// rewritten by the next forward).
     pub fn poison(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         gpu.memset(&mut self.y, 0xff)?;
-        gpu.memset(&mut self.combine, 0xff)?;
+        // Peers write into the combine buffer only between a forward's dispatch and its last barrier.
+        self.fill_own(gpu, self.layout.combine, 0xff)?;
         gpu.memset(&mut self.l1_out, 0xff)?;
         gpu.memset(&mut self.l2_out, 0xff)?;
         Ok(())
@@ -727,7 +841,8 @@ impl Pipeline {
 
     /// Marks every pool row as padding before the peers dispatch into it.
     pub fn reset_meta(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
-        gpu.memset(&mut self.meta, 0xff)?;
+        // Peers dispatch into it only after the barrier that follows.
+        self.fill_own(gpu, self.layout.meta, 0xff)?;
         Ok(())
     }
 
@@ -745,10 +860,9 @@ impl Pipeline {
         if pairs == 0 {
             return Ok(());
         }
-        let peers = self.peers.as_ref().expect("set_peers before dispatch");
         let route = self.route.as_ref().expect("set_plans before dispatch");
         let stream = gpu.stream();
-        let (peer_base, _g0) = peers.device_ptr(stream);
+        let (peer_base, _g0) = self.peers.device_ptr(stream);
         let r = s.num_ranks as u64;
         let (x, _g1) = inputs.x.device_ptr(stream);
         let (x_sf, _g2) = inputs.x_sf.device_ptr(stream);
@@ -772,7 +886,8 @@ impl Pipeline {
             rank: self.rank as i32,
         };
         // SAFETY: routes are rows below every owner's plan.rows <= pool_rows (checked by
-        // PoolPlan::new on every rank), the peer tables hold live buffers of `shape`.
+        // PoolPlan::new on every rank), the peer table holds every rank's live symmetric buffer
+        // of `shape.peer_layout()` (Pipeline::new's contract).
         unsafe {
             self.glue
                 .dispatch
@@ -828,9 +943,23 @@ impl Pipeline {
         let plan = self.plan.as_ref().expect("plan");
         let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
         let (act, sf, weights, out) = if second {
-            (&self.l2_act, &self.l2_sf, &self.w2, &mut self.l2_out)
+            (
+                DeviceBytes::of(gpu, &self.l2_act),
+                DeviceBytes::of(gpu, &self.l2_sf),
+                &self.w2,
+                &mut self.l2_out,
+            )
         } else {
-            (&self.l1_act, &self.l1_sf, &self.w1, &mut self.l1_out)
+            let (own, layout) = (self.own(), self.layout);
+            // SAFETY: this rank's L1 pool regions (Pipeline::new's contract); the dispatch that
+            // wrote them is behind a barrier and nothing writes them until the next forward.
+            let pool = unsafe {
+                (
+                    DeviceBytes::from_raw(own.l1_act, layout.l1_act.bytes),
+                    DeviceBytes::from_raw(own.l1_sf, layout.l1_sf.bytes),
+                )
+            };
+            (pool.0, pool.1, &self.w1, &mut self.l1_out)
         };
         let pool = Pool {
             act,
@@ -863,7 +992,7 @@ impl Pipeline {
         }
         let stream = gpu.stream();
         let (l1_out, _g1) = self.l1_out.device_ptr(stream);
-        let (meta, _g2) = self.meta.device_ptr(stream);
+        let meta = self.own().meta;
         let (l2_act, _g3) = self.l2_act.device_ptr_mut(stream);
         let (l2_sf, _g4) = self.l2_sf.device_ptr_mut(stream);
         let params = SwigluParams {
@@ -878,7 +1007,8 @@ impl Pipeline {
             clamp: s.clamp.unwrap_or(0.0),
             pad: 0,
         };
-        // SAFETY: rows <= pool_rows; every buffer is sized for pool_rows rows of `shape`.
+        // SAFETY: rows <= pool_rows; every buffer (this rank's meta region included) is sized for
+        // pool_rows rows of `shape`.
         unsafe {
             self.glue
                 .swiglu
@@ -902,13 +1032,11 @@ impl Pipeline {
             return Ok(());
         }
         let stream = gpu.stream();
-        let peers = self.peers.as_ref().expect("set_peers before combine");
-        let (peer_base, _g0) = peers.device_ptr(stream);
+        let (peer_base, _g0) = self.peers.device_ptr(stream);
         let (l2_out, _g1) = self.l2_out.device_ptr(stream);
-        let (meta, _g2) = self.meta.device_ptr(stream);
         let params = CombineSendParams {
             l2_out,
-            meta,
+            meta: self.own().meta,
             combine: peer_base + 24 * s.num_ranks as u64,
             rows: rows as i32,
             hidden: s.hidden as i32,
@@ -934,8 +1062,8 @@ impl Pipeline {
         if inputs.tokens == 0 {
             return Ok(());
         }
+        let combine = self.own().combine;
         let stream = gpu.stream();
-        let (combine, _g1) = self.combine.device_ptr(stream);
         let (topk_idx, _g2) = inputs.topk_idx.device_ptr(stream);
         let (y, _g3) = self.y.device_ptr_mut(stream);
         let params = CombineReduceParams {
@@ -947,7 +1075,7 @@ impl Pipeline {
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
         };
-        // SAFETY: tokens <= max_tokens; y is [max_tokens][H].
+        // SAFETY: tokens <= max_tokens; y and this rank's combine region are sized for max_tokens.
         unsafe {
             self.glue
                 .combine_reduce
@@ -970,8 +1098,13 @@ impl Pipeline {
 
     /// Downloads this rank's pool rows' metadata (tests).
     pub fn download_meta(&self, gpu: &Gpu) -> Result<Vec<RowMeta>, UnfusedError> {
-        let words: Vec<i32> = gpu.download(&self.meta)?;
-        Ok(bytemuck::cast_slice::<i32, RowMeta>(&words).to_vec())
+        let mut bytes = vec![0u8; self.layout.meta.bytes];
+        // SAFETY: this rank's meta region (Pipeline::new's contract).
+        unsafe { gpu.read_raw(self.own().meta, &mut bytes)? };
+        Ok(bytes
+            .chunks_exact(size_of::<RowMeta>())
+            .map(bytemuck::pod_read_unaligned)
+            .collect())
     }
 }
 
@@ -1124,15 +1257,95 @@ mod tests {
         assert_eq!(empty.pool_rows, 128);
     }
 
+    /// Shapes of every kind: every route, T = 0, pools smaller than the worst case, odd sizes.
+    fn layout_shapes() -> Vec<PipelineShape> {
+        let mut shapes = Vec::new();
+        for (recipe, mma) in [
+            (Recipe::G128, Mma::Fp8),
+            (Recipe::G128, Mma::Bf16),
+            (Recipe::Mx32, Mma::Bf16),
+        ] {
+            for (h, i, e, k, r, t) in [
+                (256, 128, 8, 2, 2, 7),
+                (128, 128, 4, 1, 1, 0),
+                (384, 256, 6, 3, 3, 1),
+                (7168, 3072, 384, 6, 8, 8192),
+                (4096, 2048, 16, 6, 2, 7),
+            ] {
+                shapes.push(PipelineShape::new(recipe, mma, h, i, e, k, r, t, Some(10.0)).unwrap());
+            }
+            let mut small = PipelineShape::new(recipe, mma, 256, 128, 8, 2, 2, 32, None).unwrap();
+            small.pool_rows = 16;
+            shapes.push(small);
+        }
+        shapes
+    }
+
     #[test]
-    fn peer_addresses_round_trip() {
-        let a = PeerAddresses {
-            l1_act: 1,
-            l1_sf: 2 << 40,
-            meta: 3,
-            combine: u64::MAX,
-        };
-        assert_eq!(PeerAddresses::from_bytes(&a.to_bytes()), Some(a));
-        assert_eq!(PeerAddresses::from_bytes(&[0; 31]), None);
+    fn peer_layout_regions_are_aligned_disjoint_and_sized() {
+        for s in layout_shapes() {
+            let layout = s.peer_layout();
+            let regions = layout.regions();
+            let (h, rows) = (s.hidden, s.pool_rows);
+            let want = [
+                rows * h * s.act_elem(),
+                match s.mma {
+                    Mma::Fp8 => h / 128 * s.sf_stride(),
+                    Mma::Bf16 => 0,
+                },
+                rows * 16,
+                s.top_k * s.max_tokens * h * 2,
+            ];
+            let mut end = 0;
+            for ((name, region), want) in regions.iter().zip(want) {
+                assert_eq!(region.bytes, want, "{s:?}: {name} size");
+                assert_eq!(region.offset % PEER_REGION_ALIGN, 0, "{s:?}: {name} offset");
+                assert!(
+                    region.offset >= end,
+                    "{s:?}: {name} overlaps the region before it"
+                );
+                assert!(
+                    region.offset - end < PEER_REGION_ALIGN,
+                    "{s:?}: {name}: more padding than alignment needs"
+                );
+                end = region.end();
+            }
+            assert_eq!(layout.bytes % PEER_REGION_ALIGN, 0, "{s:?}");
+            assert!(
+                layout.bytes >= end && layout.bytes - end < PEER_REGION_ALIGN,
+                "{s:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn peer_table_follows_from_the_bases() {
+        let s = PipelineShape::new(Recipe::G128, Mma::Fp8, 256, 128, 12, 2, 3, 7, None).unwrap();
+        let layout = s.peer_layout();
+        let bases = [0x7f00_0000_0000u64, 0x10_0000, 0x7e00_0020_0000];
+        let table = layout.peer_table(&bases, 3).unwrap();
+        assert_eq!(table.len(), 12);
+        for (r, &base) in bases.iter().enumerate() {
+            let a = layout.addresses(base);
+            assert_eq!(a.l1_act, base, "the L1 pool starts the buffer");
+            assert_eq!(
+                [table[r], table[3 + r], table[6 + r], table[9 + r]],
+                [a.l1_act, a.l1_sf, a.meta, a.combine]
+            );
+            assert_eq!(a.combine, base + layout.combine.offset as u64);
+        }
+        let refused = [
+            layout.peer_table(&bases[..2], 3).unwrap_err(),
+            layout.peer_table(&[0, 0x100, 0x1080], 3).unwrap_err(),
+        ];
+        for err in &refused {
+            assert!(matches!(err, UnfusedError::Shape { .. }), "{err}");
+        }
+        assert!(refused[0].to_string().contains("2 bases"), "{}", refused[0]);
+        assert!(
+            refused[1].to_string().contains("rank 2's base 0x1080"),
+            "{}",
+            refused[1]
+        );
     }
 }

@@ -6,7 +6,9 @@
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
 use megamoe_kernel::problem::{ActPool, ExpertWeights, reference_rows};
-use megamoe_kernel::{DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights};
+use megamoe_kernel::{
+    DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
+};
 
 const POISON: u16 = 0xFFFF; // a BF16 NaN
 
@@ -86,8 +88,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let offsets_dev = gpu.upload(&pool.expert_offset).unwrap();
     let rows_dev = gpu.upload(&pool.expert_rows).unwrap();
     let device_pool = Pool {
-        act: &act,
-        act_sf: act_sf.as_ref(),
+        act: DeviceBytes::of(gpu, &act),
+        act_sf: act_sf.as_ref().map(|sf| DeviceBytes::of(gpu, sf)),
         sf_stride,
         rows: pool.rows,
         expert_offset: &pool.expert_offset,

@@ -1,5 +1,6 @@
-//! `megamoe bench`: the unfused CUDA pipeline ([`crate::cuda`]) timed on R local GPUs for a preset,
-//! per route (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
+//! `megamoe bench`: the unfused CUDA pipeline ([`crate::cuda`]) timed on R local GPUs for a preset
+//! (ranks as threads of one process, [`run`], or one process per rank, [`run_rank`]), per route
+//! (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
 //! (`moe_sched::Plan`, uniform routing): device-side wall time (everything but the host's upload of
 //! the inputs and download of y), the kernels' own time (CUDA events), TFLOPS = 2·pairs·H·3I / t
 //! over both, HBM GB/s of the plan's bytes, each stage's share, and on several ranks the
@@ -7,7 +8,8 @@
 //! written-back bytes.
 //!
 //! Weights are random MXFP4 codes (`ExpertWeights::random_codes`: realistic bytes without the cost
-//! of quantizing V4-Pro), inputs come from the generator, routing is uniform with no masking.
+//! of quantizing V4-Pro), inputs come from the generator, routing is uniform with no masking; each
+//! rank's are a function of its rank alone, so a rank process makes only its own.
 
 use std::time::Duration;
 
@@ -15,10 +17,11 @@ use megamoe_kernel::Mma;
 use megamoe_kernel::problem::ExpertWeights;
 use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
+use symm_mem::World;
 
 use crate::cuda::{CudaError, CudaRank, StageTimes, run_local};
 use crate::generate::{self, GenOptions};
-use crate::{Config, RankWeights, Recipe};
+use crate::{Config, RankInputs, RankWeights, Recipe};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -60,64 +63,58 @@ pub struct BenchRow {
     pub stage_shares: Vec<(String, f64)>,
 }
 
-/// Runs every (route, tokens) point; `progress` is called after each.
+/// Runs every (route, tokens) point on a local world (a thread per rank) and reports rank 0's
+/// times; `progress` is called after each point.
 pub fn run(
     opts: &BenchOptions,
-    mut progress: impl FnMut(&BenchRow),
+    progress: impl FnMut(&BenchRow),
 ) -> Result<Vec<BenchRow>, CudaError> {
     let ranks = opts.config.num_ranks;
-    let (h, i, el) = (
-        opts.config.hidden,
-        opts.config.intermediate,
-        opts.config.experts_per_rank(),
-    );
-    let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
     let weights: Vec<RankWeights> = (0..ranks)
-        .map(|r| {
-            let w1 = ExpertWeights::random_codes(el, 2 * i, h, 2 * r as u64 + 1);
-            let w2 = ExpertWeights::random_codes(el, h, i, 2 * r as u64 + 2);
-            RankWeights {
-                w1: w1.w,
-                w1_sf: w1.w_sf,
-                w2: w2.w,
-                w2_sf: w2.w_sf,
-            }
-        })
+        .map(|r| random_weights(&opts.config, r))
         .collect();
+    rows(opts, progress, |config, mma| {
+        let mut inputs: Vec<Vec<RankInputs>> =
+            (0..ranks).map(|r| point_inputs(opts, config, r)).collect();
+        // Every rank times every point; rank 0's times are reported (ranks meet at barriers).
+        let mut times = run_local(ranks, |world| {
+            let me = world.rank();
+            time_points(world, config, mma, opts, &weights[me], &inputs[me])
+        })?;
+        Ok((inputs.swap_remove(0), times.swap_remove(0)))
+    })
+}
+
+/// [`run`] as this rank of a process world (every rank calls it with the same `opts`): this rank
+/// makes its own weights and inputs and reports its own times.
+pub fn run_rank(
+    world: &World,
+    opts: &BenchOptions,
+    progress: impl FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>, CudaError> {
+    let me = world.rank();
+    let weights = random_weights(&opts.config, me);
+    rows(opts, progress, |config, mma| {
+        let inputs = point_inputs(opts, config, me);
+        let times = time_points(world, config, mma, opts, &weights, &inputs)?;
+        Ok((inputs, times))
+    })
+}
+
+/// Every route's rows from `time(config, mma)`: one rank's inputs and times, `[point]` and
+/// `[point][rep]`.
+#[allow(clippy::type_complexity)]
+fn rows(
+    opts: &BenchOptions,
+    mut progress: impl FnMut(&BenchRow),
+    mut time: impl FnMut(&Config, Mma) -> Result<(Vec<RankInputs>, Vec<Vec<StageTimes>>), CudaError>,
+) -> Result<Vec<BenchRow>, CudaError> {
     let mut rows = Vec::new();
     for &(recipe, mma) in &opts.routes {
         let config = opts.config.with_recipe(recipe);
-        let inputs: Vec<Vec<_>> = opts
-            .tokens
-            .iter()
-            .map(|&t| {
-                let options = GenOptions {
-                    config,
-                    tokens: t,
-                    seed: 7 + t as u64,
-                    mask_fraction: 0.0,
-                };
-                (0..ranks)
-                    .map(|r| generate::rank_inputs(&options, r))
-                    .collect()
-            })
-            .collect();
-        // Every rank times every point; rank 0's times are reported (ranks meet at barriers).
-        let times = run_local(ranks, |world| {
-            let me = world.rank();
-            let mut rank = CudaRank::new(world, &config, max_tokens, mma, &weights[me])?;
-            let mut out = Vec::new();
-            for point in &inputs {
-                rank.forward(&point[me])?; // warm-up: JIT of the GEMM tiles, first touch
-                let runs = (0..opts.reps)
-                    .map(|_| Ok(rank.forward(&point[me])?.1))
-                    .collect::<Result<Vec<_>, CudaError>>()?;
-                out.push(runs);
-            }
-            Ok(out)
-        })?;
-        for (point, runs) in inputs.iter().zip(&times[0]) {
-            let row = summarize(&config, mma, &point[0], runs);
+        let (inputs, times) = time(&config, mma)?;
+        for (point, runs) in inputs.iter().zip(&times) {
+            let row = summarize(&config, mma, point, runs);
             progress(&row);
             rows.push(row);
         }
@@ -125,16 +122,65 @@ pub fn run(
     Ok(rows)
 }
 
+/// Rank `rank`'s random MXFP4 weights.
+fn random_weights(config: &Config, rank: usize) -> RankWeights {
+    let (h, i, el) = (
+        config.hidden,
+        config.intermediate,
+        config.experts_per_rank(),
+    );
+    let w1 = ExpertWeights::random_codes(el, 2 * i, h, 2 * rank as u64 + 1);
+    let w2 = ExpertWeights::random_codes(el, h, i, 2 * rank as u64 + 2);
+    RankWeights {
+        w1: w1.w,
+        w1_sf: w1.w_sf,
+        w2: w2.w,
+        w2_sf: w2.w_sf,
+    }
+}
+
+/// Rank `rank`'s inputs of every point (`opts.tokens`).
+fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankInputs> {
+    opts.tokens
+        .iter()
+        .map(|&t| {
+            let options = GenOptions {
+                config: *config,
+                tokens: t,
+                seed: 7 + t as u64,
+                mask_fraction: 0.0,
+            };
+            generate::rank_inputs(&options, rank)
+        })
+        .collect()
+}
+
+/// Collective: this rank's pipeline for the largest point, then per point a warm-up forward and
+/// `opts.reps` timed ones; `[point][rep]`.
+fn time_points(
+    world: &World,
+    config: &Config,
+    mma: Mma,
+    opts: &BenchOptions,
+    weights: &RankWeights,
+    inputs: &[RankInputs],
+) -> Result<Vec<Vec<StageTimes>>, CudaError> {
+    let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
+    let mut rank = CudaRank::new(world, config, max_tokens, mma, weights)?;
+    inputs
+        .iter()
+        .map(|point| {
+            rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
+            (0..opts.reps).map(|_| Ok(rank.forward(point)?.1)).collect()
+        })
+        .collect()
+}
+
 fn serialize_display<S: serde::Serializer>(v: &Mma, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 
-fn summarize(
-    config: &Config,
-    mma: Mma,
-    inputs: &crate::RankInputs,
-    runs: &[StageTimes],
-) -> BenchRow {
+fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]) -> BenchRow {
     let median = |f: &dyn Fn(&StageTimes) -> Duration| {
         let mut v: Vec<Duration> = runs.iter().map(f).collect();
         v.sort();

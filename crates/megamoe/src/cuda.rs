@@ -1,21 +1,41 @@
 //! The CUDA backend: the unfused pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM →
-//! SwiGLU + re-quantization → L2 GEMM → combine, one launch each) on R local GPUs, one thread per
-//! rank over [`World::local`]. The ranks exchange buffer addresses once and expert counts per
-//! forward with `all_gather`, and meet at a host barrier after each stage that writes into a
-//! peer's memory (dispatch, combine). The GEMMs' tensor-core route ([`Mma`]) is the caller's
-//! choice: BF16 is exact for both recipes (accepted at calc_diff ≤ 1e-5, DESIGN §1; bit-exact on
-//! the H200 so far); FP8 (g128 only) is faster but accumulates with Hopper's FP8 tensor core.
+//! SwiGLU + re-quantization → L2 GEMM → combine, one launch each) on R local GPUs, one rank per
+//! GPU, in either world of `symm_mem`:
+//!
+//! - **local** ([`run_local`], [`forward`]): one process, one thread per rank over
+//!   [`World::local`];
+//! - **process** ([`run_process`], [`run_dir_rank`], launched by [`spawn_rank_processes`] or
+//!   torchrun): one process per rank over [`World::from_env`], each reading only its own rank's
+//!   weights and inputs.
+//!
+//! Each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
+//! combine buffer) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
+//! base, as mapped in its process, to the pipeline; no address is exchanged. The ranks exchange
+//! expert counts per forward with `all_gather`, and meet at a host barrier after each stage that
+//! writes into a peer's memory (dispatch, combine). The GEMMs' tensor-core route ([`Mma`]) is the
+//! caller's choice: BF16 is exact for both recipes (accepted at calc_diff ≤ 1e-5, DESIGN §1;
+//! bit-exact on the H200 so far); FP8 (g128 only) is faster but accumulates with Hopper's FP8
+//! tensor core.
 
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cuda_rt::timing::EventTrail;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
-use megamoe_kernel::unfused::{PeerAddresses, Pipeline, PipelineShape, UnfusedError};
+use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
 use megamoe_kernel::{Mma, transform_weights};
-use symm_mem::{World, WorldError};
+use symm_mem::world::RankOutput;
+use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 
+use crate::files::{self, FilesError};
 use crate::{Config, Problem, RankInputs, RankWeights};
+
+/// How long [`spawn_rank_processes`] lets the rank processes run before it kills them (each
+/// collective among them times out much earlier, after [`ProcessEnv::DEFAULT_TIMEOUT`]).
+pub const PROCESS_DEADLINE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -33,6 +53,8 @@ pub enum CudaError {
     Transform(#[from] megamoe_kernel::TransformError),
     #[error(transparent)]
     Problem(#[from] crate::ProblemError),
+    #[error(transparent)]
+    Files(#[from] FilesError),
     #[error("rank {rank}: {source}")]
     Rank {
         rank: usize,
@@ -43,6 +65,16 @@ pub enum CudaError {
     PeerFailed { rank: usize, me: usize },
     #[error("exchange: {0}")]
     Exchange(String),
+    #[error(
+        "{} of {ranks} rank process(es) failed:\n{}",
+        failed.len(),
+        failed.iter().map(ToString::to_string).collect::<String>()
+    )]
+    RankProcesses {
+        ranks: usize,
+        /// Each failed rank's exit status and output, by rank.
+        failed: Vec<RankOutput>,
+    },
 }
 
 /// The times of one forward on one rank: the kernels' own (CUDA events, no synchronize between
@@ -101,6 +133,18 @@ impl StageTimes {
     }
 }
 
+/// `upload 0.012, route 0.034, …, download 0.005 ms`.
+impl std::fmt::Display for StageTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .stages()
+            .iter()
+            .map(|(name, d)| format!("{name} {:.3}", d.as_secs_f64() * 1e3))
+            .collect();
+        write!(f, "{} ms", parts.join(", "))
+    }
+}
+
 /// The pipeline's shape for `config` with `max_tokens` tokens per rank, GEMMs through `mma`.
 pub fn pipeline_shape(
     config: &Config,
@@ -120,19 +164,27 @@ pub fn pipeline_shape(
     )?)
 }
 
-/// One rank of the CUDA backend: its world, its JIT and its pipeline (weights loaded).
+/// One rank of the CUDA backend: its world, its JIT, its symmetric buffer and its pipeline
+/// (weights loaded). Every forward ends at a barrier after which no peer touches this rank's
+/// symmetric buffer, so a rank may be dropped once its forwards have returned; dropping waits for
+/// its GPU's queued work, then releases the pipeline before the buffer.
 pub struct CudaRank<'w> {
     world: &'w World,
     jit: Jit,
+    /// Declared before `symm`: dropped first, since it addresses it.
     pipe: Pipeline,
+    /// The pipeline's L1 pool, scales, row metadata and combine buffer
+    /// ([`PipelineShape::peer_layout`]), every rank's mapped in this process.
+    symm: SymmAllocation,
     config: Config,
     /// Stage marks of one forward.
     marks: EventTrail,
 }
 
 impl<'w> CudaRank<'w> {
-    /// Collective: transforms and uploads this rank's `weights` for the `mma` route, allocates the
-    /// pools for `max_tokens` tokens per rank and exchanges buffer addresses with the other ranks.
+    /// Collective: transforms and uploads this rank's `weights` for the `mma` route, and allocates
+    /// the symmetric buffer and the pools for `max_tokens` tokens per rank (every rank passes the
+    /// same).
     pub fn new(
         world: &'w World,
         config: &Config,
@@ -172,23 +224,19 @@ impl<'w> CudaRank<'w> {
         let w2 = transform_weights(shape.mma, &weights.w2, &weights.w2_sf, el, h, i)?;
         let gpu = world.local_gpu();
         let jit = Jit::new()?;
-        let mut pipe = Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2)?;
-        let all = world.all_gather(&pipe.addresses(gpu).to_bytes())?;
-        let peers = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| {
-                PeerAddresses::from_bytes(b).ok_or_else(|| {
-                    CudaError::Exchange(format!("rank {r} sent {} address bytes", b.len()))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        pipe.set_peers(gpu, &peers)?;
+        let symm = world.alloc_symmetric(shape.peer_layout().bytes)?;
+        // SAFETY: `symm.bases()` are every rank's live buffer of `peer_layout().bytes` bytes, mapped
+        // in this process for this GPU (peer access or VMM import: World::alloc_symmetric); `symm`
+        // outlives `pipe` (field order, and Drop waits for the GPU first); only the ranks'
+        // pipelines write into them, between the barriers of `forward`.
+        let pipe =
+            unsafe { Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2, symm.bases()) }?;
         gpu.synchronize()?;
         Ok(Self {
             world,
             jit,
             pipe,
+            symm,
             config: *config,
             marks: EventTrail::new(gpu, 10)?,
         })
@@ -200,6 +248,11 @@ impl<'w> CudaRank<'w> {
 
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipe
+    }
+
+    /// The symmetric buffer the pipeline's peer-written regions live in.
+    pub fn symmetric_buffer(&self) -> &SymmAllocation {
+        &self.symm
     }
 
     /// Poisons y, the combine buffer and the GEMM outputs (tests).
@@ -317,6 +370,88 @@ impl<'w> CudaRank<'w> {
     }
 }
 
+impl Drop for CudaRank<'_> {
+    fn drop(&mut self) {
+        // Unmapping a VMM buffer is not ordered on the stream: nothing of ours may still run.
+        if let Err(e) = self.world.local_gpu().synchronize() {
+            tracing::warn!(rank = self.world.rank(), error = %e, "GPU synchronize before releasing the pipeline failed");
+        }
+    }
+}
+
+/// Collective: the largest of every rank's `tokens` (the T_max every rank builds its pipeline for).
+pub fn agree_max_tokens(world: &World, tokens: usize) -> Result<usize, CudaError> {
+    let all = world.all_gather(&(tokens as u64).to_le_bytes())?;
+    all.iter().enumerate().try_fold(0, |max, (r, b)| {
+        let t = <[u8; 8]>::try_from(b.as_slice()).map_err(|_| {
+            CudaError::Exchange(format!("rank {r} sent {} token-count bytes", b.len()))
+        })?;
+        Ok(max.max(u64::from_le_bytes(t) as usize))
+    })
+}
+
+/// Collective: this rank's pipeline for `weights`, built for the largest T of any rank, and one
+/// forward of `inputs`.
+pub fn forward_rank(
+    world: &World,
+    config: &Config,
+    mma: Mma,
+    weights: &RankWeights,
+    inputs: &RankInputs,
+) -> Result<(Vec<bf16>, StageTimes), CudaError> {
+    let max_tokens = agree_max_tokens(world, inputs.tokens)?;
+    CudaRank::new(world, config, max_tokens, mma, weights)?.forward(inputs)
+}
+
+/// What one rank of [`run_dir_rank`] did.
+#[derive(Debug, Clone, Copy)]
+pub struct RankRun {
+    pub rank: usize,
+    /// This rank's T.
+    pub tokens: usize,
+    pub times: StageTimes,
+}
+
+/// Collective, one rank of a run of the problem directory `dir`: reads `config.json` and only this
+/// rank's weights and inputs, runs the forward (GEMMs through `mma`) with the other ranks and writes
+/// `y.rank{r}`.
+pub fn run_dir_rank(world: &World, dir: &Path, mma: Mma) -> Result<RankRun, CudaError> {
+    let rank = world.rank();
+    let config = files::read_config(dir)?;
+    let weights = files::read_weights(dir, &config, rank)?;
+    let inputs = files::read_inputs(dir, &config, rank)?;
+    let (y, times) = forward_rank(world, &config, mma, &weights, &inputs)?;
+    let output = files::Output {
+        tokens: inputs.tokens,
+        hidden: config.hidden,
+        y,
+    };
+    files::write_output(&files::output_path(dir, rank), &output)?;
+    tracing::info!(rank, tokens = inputs.tokens, "wrote y");
+    Ok(RankRun {
+        rank,
+        tokens: inputs.tokens,
+        times,
+    })
+}
+
+/// `f` on one rank's world, then (when it succeeded) a barrier, so that no rank releases its
+/// buffers while a peer may still use them; errors name the rank.
+fn on_rank<T>(
+    world: &World,
+    f: impl FnOnce(&World) -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
+    let rank = world.rank();
+    let out = f(world).and_then(|out| {
+        world.barrier()?;
+        Ok(out)
+    });
+    out.map_err(|e| CudaError::Rank {
+        rank,
+        source: Box::new(e),
+    })
+}
+
 /// Runs `f` on every rank of a local world over GPUs `0..ranks`, one thread each; results by rank.
 /// Refused with [`CudaError::NotEnoughGpus`] when fewer GPUs are present.
 pub fn run_local<T: Send>(
@@ -334,18 +469,7 @@ pub fn run_local<T: Send>(
             .into_iter()
             .map(|world| {
                 let f = &f;
-                s.spawn(move || {
-                    let rank = world.rank();
-                    let out = f(&world);
-                    // Peers may still write into this rank's buffers until every rank is done.
-                    if out.is_ok() {
-                        world.barrier()?;
-                    }
-                    out.map_err(|e| CudaError::Rank {
-                        rank,
-                        source: Box::new(e),
-                    })
-                })
+                s.spawn(move || on_rank(&world, f))
             })
             .collect();
         handles
@@ -354,6 +478,50 @@ pub fn run_local<T: Send>(
             .collect()
     });
     results.into_iter().collect()
+}
+
+/// Runs `f` as this process's rank of a process world ([`World::from_env`]: torchrun's variables,
+/// as [`spawn_rank_processes`] sets them); the multi-process counterpart of [`run_local`].
+pub fn run_process<T>(f: impl FnOnce(&World) -> Result<T, CudaError>) -> Result<T, CudaError> {
+    let env = ProcessEnv::from_env()?;
+    let world = World::from_process_env(&env).map_err(|e| match e {
+        // This rank's GPU; the world's own errors name the rank already.
+        WorldError::Cuda(_) => CudaError::Rank {
+            rank: env.rank,
+            source: Box::new(e.into()),
+        },
+        e => e.into(),
+    })?;
+    on_rank(&world, f)
+}
+
+/// Runs `program` with `args` once per rank of a `ranks`-rank process world on GPUs `0..ranks`
+/// (`symm_mem::spawn_ranks`: torchrun's variables set, collectives timing out after
+/// [`ProcessEnv::DEFAULT_TIMEOUT`], killed after [`PROCESS_DEADLINE`]) and waits for all of them;
+/// each is expected to act as its rank ([`run_process`]). Returns every rank's output, or
+/// [`CudaError::RankProcesses`] with the output of each rank that failed. Refused with
+/// [`CudaError::NotEnoughGpus`] when fewer GPUs are present.
+pub fn spawn_rank_processes(
+    ranks: usize,
+    program: &Path,
+    args: &[OsString],
+) -> Result<Vec<RankOutput>, CudaError> {
+    let found = Gpu::count()?;
+    if found < ranks {
+        return Err(CudaError::NotEnoughGpus { need: ranks, found });
+    }
+    tracing::info!(ranks, program = %program.display(), "launching one process per rank");
+    let outputs = spawn_ranks(ranks, ProcessEnv::DEFAULT_TIMEOUT, PROCESS_DEADLINE, |_| {
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        cmd
+    })?;
+    let (done, failed): (Vec<_>, Vec<_>) = outputs.into_iter().partition(RankOutput::success);
+    if failed.is_empty() {
+        Ok(done)
+    } else {
+        Err(CudaError::RankProcesses { ranks, failed })
+    }
 }
 
 /// The whole problem on `problem.config.num_ranks` local GPUs, GEMMs through `mma`: y of every rank.
@@ -405,6 +573,26 @@ mod tests {
     }
 
     #[test]
+    fn failed_rank_processes_are_named_with_their_output() {
+        use std::os::unix::process::ExitStatusExt;
+        let err = CudaError::RankProcesses {
+            ranks: 2,
+            failed: vec![RankOutput {
+                rank: 1,
+                status: Some(std::process::ExitStatus::from_raw(1 << 8)),
+                stdout: String::new(),
+                stderr: "Error: rank 1: pool capacity\n".into(),
+            }],
+        };
+        let message = err.to_string();
+        assert!(
+            message.starts_with("1 of 2 rank process(es) failed:\nrank 1: exit status: 1\n")
+                && message.contains("    Error: rank 1: pool capacity"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn stage_times_add_up() {
         let t = StageTimes {
             upload: Duration::from_micros(7),
@@ -422,5 +610,10 @@ mod tests {
         assert_eq!(t.device(), Duration::from_micros(40));
         assert_eq!(t.total(), Duration::from_micros(55));
         assert_eq!(t.stages()[3], ("L1", Duration::from_micros(3)));
+        assert_eq!(
+            t.to_string(),
+            "upload 0.007, route 0.001, dispatch 0.002, L1 0.003, swiglu 0.004, L2 0.005, \
+             combine 0.006, waits 0.009, download 0.008 ms"
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! `megamoe`: the MegaMoE facade: problem configs and presets
 //! ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the random
-//! problem generator ([`generate`]), the CPU reference of the numeric contract ([`reference`]),
+//! problem generator ([`generate`]), the CPU reference of the numeric contract ([`reference`](mod@reference)),
 //! the CPU dataflow engine that runs the fused kernel's buffer protocol and scheduler on host
-//! threads ([`dataflow`]), the CUDA backend (the unfused GPU pipeline on local GPUs, [`cuda`]) and its benchmark ([`bench`]),
+//! threads ([`dataflow`]), the CUDA backend (the unfused GPU pipeline on local GPUs, a rank per GPU as a thread or a process, [`cuda`]) and its benchmark ([`bench`](mod@bench)),
 //! the comparison metrics ([`check`]). The `megamoe` CLI drives them.
 
 pub mod bench;

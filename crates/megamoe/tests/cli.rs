@@ -251,3 +251,68 @@ fn bench_refusals() {
         assert!(!text(&out).contains("panicked"), "{}", text(&out));
     }
 }
+
+/// `--world process` is for the cuda backend; without a GPU the launcher says so instead of
+/// panicking, and a process started as a rank (torchrun's variables set) names its rank.
+#[test]
+fn process_world_refusals() {
+    let dir = temp("process-world");
+    let out = megamoe(&["gen", s(&dir), "--ranks", "2", "--tokens", "4"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = megamoe(&["run", s(&dir), "--backend", "cpu", "--world", "process"]);
+    assert!(
+        !out.status.success() && text(&out).contains("--world process is for the cuda backend"),
+        "{}",
+        text(&out)
+    );
+    let missing = temp("process-world-missing");
+    let out = megamoe(&[
+        "run",
+        s(&missing),
+        "--backend",
+        "cuda",
+        "--world",
+        "process",
+    ]);
+    assert!(
+        !out.status.success() && text(&out).contains("config.json"),
+        "{}",
+        text(&out)
+    );
+    if cuda_rt::Gpu::count().is_err() {
+        let run = ["run", s(&dir), "--backend", "cuda", "--world", "process"];
+        let bench = [
+            "bench", "--preset", "tiny", "--ranks", "2", "--tokens", "8", "--world", "process",
+        ];
+        for args in [&run[..], &bench[..]] {
+            let out = megamoe(args);
+            assert!(
+                !out.status.success()
+                    && text(&out).contains("driver")
+                    && !text(&out).contains("panicked"),
+                "{args:?}: {}",
+                text(&out)
+            );
+        }
+        // Rank 0 of a world of one, as the launcher would start it.
+        let out = Command::new(env!("CARGO_BIN_EXE_megamoe"))
+            .args(run)
+            .envs([
+                ("RUST_LOG", "warn"),
+                ("RANK", "0"),
+                ("WORLD_SIZE", "1"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29999"),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success()
+                && text(&out).contains("rank 0: the CUDA driver library")
+                && !text(&out).contains("panicked"),
+            "{}",
+            text(&out)
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,20 +1,30 @@
 //! The CUDA backend (unfused pipeline) on 1 and 2 local GPUs against the CPU reference: every
 //! route (g128 and mx32 through the exact BF16 tensor-core route, g128 through FP8), the tiny
-//! preset and the per-rank shapes of DeepSeek-V4-Flash / -Pro with few experts, T ∈ {0, 1, 7, 128},
-//! masked slots, all-masked tokens, skewed routing, a rank without tokens, and the same pipeline
-//! reused for several forwards (outputs poisoned before each). The exact route is accepted at the
-//! contract's calc_diff ≤ 1e-5 (DESIGN §1), the FP8 route at its documented bound, with every
-//! element written and no NaN; the number of BF16 values that differ from the reference is printed
-//! (on the BF16 route only FP32 summation order separates it from the f64 reference: 0 on tiny,
-//! a few per thousand on V4 shapes).
+//! preset and the per-rank shapes of DeepSeek-V4-Flash / -Pro with few experts,
+//! T ∈ {0, 1, 7, 128, 1000, 8192}, masked slots, all-masked tokens, skewed routing, a rank without
+//! tokens, and the same pipeline reused for several forwards (outputs poisoned before each). The
+//! exact route is accepted at the contract's calc_diff ≤ 1e-5 (DESIGN §1), the FP8 route at its
+//! documented bound, with every element written and no NaN; the number of BF16 values that differ
+//! from the reference is printed (on the BF16 route only FP32 summation order separates it from the
+//! f64 reference: 0 on tiny, a few per thousand on V4 shapes).
+//!
+//! The multi-process world: the same sweeps with a process per GPU (this test binary launched once
+//! per rank, VMM symmetric buffers), and `megamoe run --backend cuda --world process` against the
+//! CPU backend through the CLI.
 
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use fp_formats::bf16;
 use megamoe::check::calc_diff;
-use megamoe::cuda::{CudaRank, run_local};
+use megamoe::cuda::{CudaError, CudaRank, run_local};
 use megamoe::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, Recipe, reference};
 use megamoe_kernel::Mma;
+use symm_mem::World;
+use symm_mem::world::{is_test_rank, spawn_test_ranks};
 
-/// The contract's acceptance (DESIGN §1), for the exact BF16 route.
 const TOL: f64 = 1e-5;
 /// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
 /// SwiGLU's re-quantization turns the GEMM's 5e-7 into 1–3e-5 on V4 shapes (H200, 2026-11-30).
@@ -26,6 +36,14 @@ const ROUTES: [(Recipe, Mma); 3] = [
     (Recipe::G128, Mma::Bf16),
     (Recipe::G128, Mma::Fp8),
 ];
+
+/// The acceptance bound of a route.
+fn tol(mma: Mma) -> f64 {
+    match mma {
+        Mma::Bf16 => TOL,
+        Mma::Fp8 => FP8_TOL,
+    }
+}
 
 /// The first `t` tokens of `inputs`.
 fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
@@ -90,61 +108,102 @@ fn skew(problem: &mut Problem) {
     }
 }
 
-/// y of every rank checked against the reference.
-fn compare(
+/// Rank `r`'s y checked against the reference at calc_diff ≤ `tol`.
+fn compare_rank(
     what: &str,
-    mma: Mma,
     config: &Config,
-    inputs: &[RankInputs],
-    got: &[Vec<fp_formats::bf16>],
-    want: &[Vec<fp_formats::bf16>],
+    r: usize,
+    inputs: &RankInputs,
+    g: &[bf16],
+    w: &[bf16],
+    tol: f64,
 ) {
-    for (r, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(
-            g.len(),
-            inputs[r].tokens * config.hidden,
-            "{what}: rank {r}: y has {} values, T×H = {}",
-            g.len(),
-            inputs[r].tokens * config.hidden
-        );
-        let nan = g.iter().position(|v| v.is_nan());
-        assert!(
-            nan.is_none(),
-            "{what}: rank {r}: y[{}][{}] is NaN (unwritten: the output was poisoned with 0xffff) — {} NaN values",
-            nan.unwrap_or(0) / config.hidden,
-            nan.unwrap_or(0) % config.hidden,
-            g.iter().filter(|v| v.is_nan()).count()
-        );
-        let gf: Vec<f32> = g.iter().map(|v| v.to_f32()).collect();
-        let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
-        let diff = calc_diff(&gf, &wf);
-        let differ = g
-            .iter()
-            .zip(w)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        let first = g
-            .iter()
-            .zip(w)
-            .position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(
+        g.len(),
+        inputs.tokens * config.hidden,
+        "{what}: rank {r}: y has {} values, T×H = {}",
+        g.len(),
+        inputs.tokens * config.hidden
+    );
+    let nan = g.iter().position(|v| v.is_nan());
+    assert!(
+        nan.is_none(),
+        "{what}: rank {r}: y[{}][{}] is NaN (unwritten: the output was poisoned with 0xffff) — {} NaN values",
+        nan.unwrap_or(0) / config.hidden,
+        nan.unwrap_or(0) % config.hidden,
+        g.iter().filter(|v| v.is_nan()).count()
+    );
+    let gf: Vec<f32> = g.iter().map(|v| v.to_f32()).collect();
+    let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+    let diff = calc_diff(&gf, &wf);
+    let differ = g
+        .iter()
+        .zip(w)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let first = g
+        .iter()
+        .zip(w)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    eprintln!(
+        "{what}: rank {r}: T = {}, calc_diff {diff:.3e}, {differ} of {} BF16 values differ{}",
+        inputs.tokens,
+        g.len(),
+        first.map_or(String::new(), |i| format!(
+            " (first at token {} channel {}: got {} want {})",
+            i / config.hidden,
+            i % config.hidden,
+            g[i],
+            w[i]
+        ))
+    );
+    assert!(
+        diff <= tol,
+        "{what}: rank {r}: calc_diff {diff:.3e} > {tol:e} ({differ} values differ)"
+    );
+}
+
+/// The inputs of every case: the first `t` tokens of every rank for each `t` in `token_counts`
+/// (clamped to each rank's T); `[case][rank]`.
+fn cases(problem: &Problem, token_counts: &[usize]) -> Vec<Vec<RankInputs>> {
+    token_counts
+        .iter()
+        .map(|&t| {
+            problem
+                .inputs
+                .iter()
+                .map(|x| truncate(x, &problem.config, t.min(x.tokens)))
+                .collect()
+        })
+        .collect()
+}
+
+/// One rank's part of a sweep: one pipeline (T_max = the problem's largest T), then for every case
+/// a forward of this rank's inputs with its outputs poisoned first. Returns y per case and whether
+/// the symmetric buffer is VMM memory (the process world's).
+fn sweep_rank(
+    what: &str,
+    world: &World,
+    problem: &Problem,
+    mma: Mma,
+    cases: &[Vec<RankInputs>],
+) -> Result<(Vec<Vec<bf16>>, bool), CudaError> {
+    let r = world.rank();
+    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
+    let mut rank = CudaRank::new(world, &problem.config, max_tokens, mma, &problem.weights[r])?;
+    let mut ys = Vec::new();
+    for inputs in cases {
+        rank.poison()?;
+        world.barrier()?;
+        let (y, times) = rank.forward(&inputs[r])?;
         eprintln!(
-            "{what}: rank {r}: T = {}, calc_diff {diff:.3e}, {differ} of {} BF16 values differ{}",
+            "{what}: rank {r}: T = {}: {:.3} ms ({times})",
             inputs[r].tokens,
-            g.len(),
-            first.map_or(String::new(), |i| format!(
-                " (first at token {} channel {}: got {} want {})",
-                i / config.hidden,
-                i % config.hidden,
-                g[i],
-                w[i]
-            ))
+            times.total().as_secs_f64() * 1e3,
         );
-        let tol = if mma == Mma::Fp8 { FP8_TOL } else { TOL };
-        assert!(
-            diff <= tol,
-            "{what}: rank {r}: calc_diff {diff:.3e} > {tol:e} ({differ} values differ)"
-        );
+        ys.push(y);
     }
+    Ok((ys, rank.symmetric_buffer().is_vmm()))
 }
 
 /// Builds one pipeline per rank for `problem` (T_max = its largest T) and runs, on the same
@@ -152,53 +211,84 @@ fn compare(
 /// (clamped to each rank's T), checking each against the reference.
 fn run_sweep(what: &str, problem: &Problem, mma: Mma, token_counts: &[usize]) {
     let config = &problem.config;
-    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
-    let cases: Vec<Vec<RankInputs>> = token_counts
-        .iter()
-        .map(|&t| {
-            problem
-                .inputs
-                .iter()
-                .map(|x| truncate(x, config, t.min(x.tokens)))
-                .collect()
-        })
-        .collect();
-    let wants: Vec<Vec<Vec<fp_formats::bf16>>> = cases
-        .iter()
-        .map(|inputs| reference::forward(config, &problem.weights, inputs).expect("reference"))
-        .collect();
+    let cases = cases(problem, token_counts);
     let got = run_local(config.num_ranks, |world| {
-        let r = world.rank();
-        let mut rank = CudaRank::new(world, config, max_tokens, mma, &problem.weights[r])?;
-        let mut ys = Vec::new();
-        for inputs in &cases {
-            rank.poison()?;
-            world.barrier()?;
-            let (y, times) = rank.forward(&inputs[r])?;
-            eprintln!(
-                "{what}: rank {r}: T = {}: {:.3} ms ({:?})",
-                inputs[r].tokens,
-                times.total().as_secs_f64() * 1e3,
-                times
-            );
-            ys.push(y);
-        }
-        Ok(ys)
+        sweep_rank(what, world, problem, mma, &cases)
     })
     .unwrap_or_else(|e| panic!("{what}: the cuda backend failed: {e:?}"));
-    for (c, (inputs, want)) in cases.iter().zip(&wants).enumerate() {
-        let got: Vec<Vec<fp_formats::bf16>> = got.iter().map(|ys| ys[c].clone()).collect();
-        compare(
-            &format!(
-                "{what}, T = {:?}",
-                inputs.iter().map(|x| x.tokens).collect::<Vec<_>>()
-            ),
-            mma,
-            config,
-            inputs,
-            &got,
-            want,
+    for (c, inputs) in cases.iter().enumerate() {
+        let want = reference::forward(config, &problem.weights, inputs).expect("reference");
+        let label = format!(
+            "{what}, T = {:?}",
+            inputs.iter().map(|x| x.tokens).collect::<Vec<_>>()
         );
+        for (r, (ys, vmm)) in got.iter().enumerate() {
+            assert!(
+                !vmm,
+                "{what}: rank {r}: a local world's buffer is plain device memory"
+            );
+            compare_rank(&label, config, r, &inputs[r], &ys[c], &want[r], tol(mma));
+        }
+    }
+}
+
+/// A sweep of the process world: `problems` are (name, problem, route); the problems have
+/// `ranks` ranks. The launcher (this test, unless it is a rank) needs `ranks` GPUs (or prints
+/// `SKIP`) and launches the test binary once per rank; each rank makes every problem (the same on
+/// every rank: the generator is seeded), runs its part of each sweep on one process world, then
+/// checks its own y against the reference.
+fn run_sweep_processes(
+    test: &str,
+    ranks: usize,
+    token_counts: &[usize],
+    problems: impl Fn() -> Vec<(String, Problem, Mma)>,
+) {
+    if is_test_rank(test) {
+        let problems = problems();
+        let world = World::from_env().expect("this process's rank of the world");
+        let r = world.rank();
+        let swept: Vec<_> = problems
+            .iter()
+            .map(|(what, problem, mma)| {
+                let cases = cases(problem, token_counts);
+                let (ys, vmm) = sweep_rank(what, &world, problem, *mma, &cases)
+                    .unwrap_or_else(|e| panic!("{what}: rank {r}: the cuda backend failed: {e}"));
+                assert!(
+                    vmm,
+                    "{what}: rank {r}: a process world's buffer is VMM memory"
+                );
+                (cases, ys)
+            })
+            .collect();
+        world.barrier().expect("every rank done");
+        for ((what, problem, mma), (cases, ys)) in problems.iter().zip(swept) {
+            let config = &problem.config;
+            for (inputs, y) in cases.iter().zip(&ys) {
+                let want = reference::forward(config, &problem.weights, inputs).expect("reference");
+                let label = format!(
+                    "{what}, T = {:?}",
+                    inputs.iter().map(|x| x.tokens).collect::<Vec<_>>()
+                );
+                compare_rank(&label, config, r, &inputs[r], y, &want[r], tol(*mma));
+            }
+        }
+        return;
+    }
+    if !cuda_rt::testing::gpus_or_skip(ranks) {
+        return;
+    }
+    let outputs = spawn_test_ranks(
+        test,
+        ranks,
+        Duration::from_secs(120),
+        Duration::from_secs(900),
+    )
+    .expect("launch the ranks");
+    for output in &outputs {
+        eprint!("{output}");
+    }
+    for output in &outputs {
+        assert!(output.passed_its_test(), "{output}");
     }
 }
 
@@ -219,10 +309,11 @@ fn run_sampled(what: &str, problem: &Problem, mma: Mma, t: usize, stride: usize)
         rank.poison()?;
         world.barrier()?;
         let (y, times) = rank.forward(&inputs[r])?;
-        eprintln!("{what}: rank {r}: T = {}: {times:?}", inputs[r].tokens);
+        eprintln!("{what}: rank {r}: T = {}: {times}", inputs[r].tokens);
         Ok(y)
     })
     .unwrap_or_else(|e| panic!("{what}: the cuda backend failed: {e:?}"));
+    let h = config.hidden;
     let picked: Vec<Vec<usize>> = inputs
         .iter()
         .map(|x| {
@@ -239,29 +330,17 @@ fn run_sampled(what: &str, problem: &Problem, mma: Mma, t: usize, stride: usize)
         .map(|(x, p)| select(x, config, p))
         .collect();
     let want = reference::forward(config, &problem.weights, &sub_inputs).expect("reference");
-    let h = config.hidden;
-    let sub_got: Vec<Vec<fp_formats::bf16>> = got
-        .iter()
-        .zip(&picked)
-        .enumerate()
-        .map(|(r, (y, p))| {
-            assert_eq!(y.len(), inputs[r].tokens * h, "{what}: rank {r}: y length");
-            let unwritten = y.iter().filter(|v| v.is_nan()).count();
-            assert_eq!(
-                unwritten, 0,
-                "{what}: rank {r}: {unwritten} outputs NaN or unwritten"
-            );
-            p.iter().flat_map(|&t| y[t * h..][..h].to_vec()).collect()
-        })
-        .collect();
-    compare(
-        &format!("{what}, T = {t}, every {stride}th token checked"),
-        mma,
-        config,
-        &sub_inputs,
-        &sub_got,
-        &want,
-    );
+    let label = format!("{what}, T = {t}, every {stride}th token checked");
+    for (r, (y, p)) in got.iter().zip(&picked).enumerate() {
+        assert_eq!(y.len(), inputs[r].tokens * h, "{label}: rank {r}: y length");
+        let unwritten = y.iter().filter(|v| v.is_nan()).count();
+        assert_eq!(
+            unwritten, 0,
+            "{label}: rank {r}: {unwritten} outputs NaN or unwritten"
+        );
+        let sub: Vec<bf16> = p.iter().flat_map(|&t| y[t * h..][..h].to_vec()).collect();
+        compare_rank(&label, config, r, &sub_inputs[r], &sub, &want[r], tol(mma));
+    }
 }
 
 fn v4_flash_shape(experts: usize) -> Config {
@@ -429,6 +508,130 @@ fn v4_pro_shape_two_gpus() {
             &[7, 1],
         );
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tiny_two_processes_every_route() {
+    run_sweep_processes("tiny_two_processes_every_route", 2, &[128, 7, 1, 0], || {
+        ROUTES
+            .into_iter()
+            .map(|(recipe, mma)| {
+                let config = Config::tiny().with_recipe(recipe).with_ranks(2);
+                let mut p = problem(config, 128, 41, 0.25);
+                skew(&mut p);
+                (format!("tiny skewed {recipe}/{mma} R=2 processes"), p, mma)
+            })
+            .collect()
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn v4_flash_shape_two_processes() {
+    run_sweep_processes("v4_flash_shape_two_processes", 2, &[7, 1], || {
+        ROUTES
+            .into_iter()
+            .map(|(recipe, mma)| {
+                let config = v4_flash_shape(16).with_recipe(recipe).with_ranks(2);
+                (
+                    format!("v4-flash shape (16 experts) {recipe}/{mma} R=2 processes"),
+                    problem(config, 7, 42, 0.1),
+                    mma,
+                )
+            })
+            .collect()
+    });
+}
+
+/// The `megamoe` CLI: next to this test binary in cargo's target directory, or in the GPU bundle's
+/// `bin/` (`tests/..` of this binary).
+fn megamoe_exe() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_megamoe"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    exe.parent()
+        .and_then(|tests| tests.parent())
+        .map(|bundle| bundle.join("bin/megamoe"))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "no megamoe binary at {} nor in a bundle's bin/",
+                built.display()
+            )
+        })
+}
+
+fn megamoe_cli(args: &[&str]) -> String {
+    let out = Command::new(megamoe_exe())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run megamoe");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "megamoe {args:?} failed:\n{text}");
+    eprintln!("megamoe {args:?}:\n{text}");
+    text
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cli_process_world_matches_the_cpu_backend() {
+    if !cuda_rt::testing::gpus_or_skip(2) {
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("megamoe-gpu-cli-{}", std::process::id()));
+    let (cpu, gpu) = (root.join("cpu"), root.join("cuda"));
+    let _ = std::fs::remove_dir_all(&root);
+    // The same seed twice: the same problem in both directories.
+    for dir in [&cpu, &gpu] {
+        megamoe_cli(&[
+            "gen",
+            dir.to_str().unwrap(),
+            "--preset",
+            "tiny",
+            "--ranks",
+            "2",
+            "--tokens",
+            "48",
+            "--seed",
+            "5",
+            "--mask-fraction",
+            "0.2",
+        ]);
+    }
+    let (cpu, gpu) = (cpu.to_str().unwrap(), gpu.to_str().unwrap());
+    megamoe_cli(&["run", cpu, "--backend", "cpu"]);
+    let text = megamoe_cli(&["run", gpu, "--backend", "cuda", "--world", "process"]);
+    assert!(
+        text.contains("rank 0: T = 48") && text.contains("rank 1: T = 48"),
+        "{text}"
+    );
+    let text = megamoe_cli(&["check", cpu, gpu, "--tol", "1e-5"]);
+    assert!(text.contains("PASS"), "{text}");
+    let text = megamoe_cli(&[
+        "bench",
+        "--preset",
+        "tiny",
+        "--ranks",
+        "2",
+        "--tokens",
+        "8",
+        "--reps",
+        "1",
+        "--routes",
+        "mx32/bf16",
+        "--world",
+        "process",
+    ]);
+    assert!(
+        text.contains(megamoe::bench::BenchRow::HEADER) && text.contains("a process each"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 #[test]

@@ -1,6 +1,10 @@
 //! The `megamoe` CLI: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
 //! a backend (cpu, cpu-dataflow, cuda), `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
-//! prints `moe_sched`'s per-rank plan of a preset.
+//! prints `moe_sched`'s per-rank plan of a preset, `bench` times the cuda backend.
+//!
+//! `--world process` (cuda `run`, `bench`) runs one process per rank: the command launches itself
+//! once per rank with torchrun's variables set (`megamoe::cuda::spawn_rank_processes`), and a
+//! process that finds them set (launched so, or by torchrun) is that rank.
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -14,8 +18,10 @@ use megamoe::{Config, Recipe};
 use megamoe_kernel::Mma;
 use megamoe_kernel::gemm::parse_route;
 use moe_sched::{Plan, PlanConfig};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use symm_mem::ProcessEnv;
 use tracing::info;
 
 #[derive(Parser)]
@@ -37,16 +43,19 @@ enum Command {
         dir: PathBuf,
         #[arg(long, value_enum, default_value_t = Backend::Cpu)]
         backend: Backend,
+        /// cuda: the ranks as threads of this process, or one process per rank.
+        #[arg(long, value_enum, default_value_t = WorldKind::Local)]
+        world: WorldKind,
+        /// cuda: the GEMMs' tensor-core route. `bf16` is exact for both recipes; `fp8` (g128 only)
+        /// is faster but accumulates with Hopper's FP8 tensor core (calc_diff ≈ 1–3e-5 on V4 shapes).
+        #[arg(long, default_value_t = Mma::EXACT)]
+        mma: Mma,
         /// cpu-dataflow: GEMM worker threads per rank.
         #[arg(long, default_value_t = EngineOptions::default().workers_per_rank)]
         workers: usize,
         /// cpu-dataflow: dispatch threads per rank.
         #[arg(long, default_value_t = EngineOptions::default().dispatch_threads_per_rank)]
         dispatch_threads: usize,
-        /// cuda: the GEMMs' tensor-core route. `bf16` is exact for both recipes; `fp8` (g128 only)
-        /// is faster but accumulates with Hopper's FP8 tensor core (calc_diff ≈ 1–3e-5 on V4 shapes).
-        #[arg(long, default_value_t = Mma::EXACT)]
-        mma: Mma,
     },
     /// Compare two outputs (y files, or directories of y.rank{r} files): calc_diff and max abs
     /// error; exits non-zero when calc_diff > tol or a NaN shows up.
@@ -87,6 +96,9 @@ struct BenchArgs {
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// The ranks as threads of this process, or one process per rank (rank 0 reports its times).
+    #[arg(long, value_enum, default_value_t = WorldKind::Local)]
+    world: WorldKind,
 }
 
 #[derive(clap::Args)]
@@ -141,6 +153,17 @@ enum Backend {
     Cuda,
 }
 
+/// How the ranks of the cuda backend run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum WorldKind {
+    /// One process, a thread per rank (peer access between the GPUs).
+    Local,
+    /// One process per rank (memory shared between the processes): the command launches itself
+    /// once per rank; under torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) it
+    /// is that rank.
+    Process,
+}
+
 /// `--clamp` value: `none` switches the clamp off.
 #[derive(Clone, Copy)]
 struct Clamp(Option<f32>);
@@ -165,29 +188,26 @@ fn main() -> anyhow::Result<()> {
         Command::Gen(args) => generate_problem(args),
         Command::Run {
             dir,
-            backend: Backend::Cpu,
-            ..
-        } => run_cpu(&dir),
-        Command::Run {
-            dir,
-            backend: Backend::Cuda,
+            backend,
+            world,
             mma,
-            ..
-        } => run_cuda(&dir, mma),
-        Command::Run {
-            dir,
-            backend: Backend::CpuDataflow,
             workers,
             dispatch_threads,
-            ..
-        } => run_dataflow(
-            &dir,
-            EngineOptions {
-                workers_per_rank: workers,
-                dispatch_threads_per_rank: dispatch_threads,
-                ..EngineOptions::default()
-            },
-        ),
+        } => match (backend, world) {
+            (Backend::Cuda, world) => run_cuda(&dir, world, mma),
+            (_, WorldKind::Process) => {
+                bail!("--world process is for the cuda backend (--backend cuda)")
+            }
+            (Backend::Cpu, WorldKind::Local) => run_cpu(&dir),
+            (Backend::CpuDataflow, WorldKind::Local) => run_dataflow(
+                &dir,
+                EngineOptions {
+                    workers_per_rank: workers,
+                    dispatch_threads_per_rank: dispatch_threads,
+                    ..EngineOptions::default()
+                },
+            ),
+        },
         Command::Check { a, b, tol } => check(&a, &b, tol),
         Command::Plan(args) => plan(&args),
         Command::Bench(args) => bench(&args),
@@ -356,8 +376,25 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cuda(dir: &Path, mma: Mma) -> anyhow::Result<()> {
+fn run_cuda(dir: &Path, world: WorldKind, mma: Mma) -> anyhow::Result<()> {
     let start = Instant::now();
+    if world == WorldKind::Process {
+        if ProcessEnv::present() {
+            let run =
+                megamoe::cuda::run_process(|world| megamoe::cuda::run_dir_rank(world, dir, mma))?;
+            println!("rank {}: T = {}: {}", run.rank, run.tokens, run.times);
+            return Ok(());
+        }
+        let config = files::read_config(dir)?;
+        files::check_rank_files(dir, &config)?;
+        launch_ranks(config.num_ranks)?;
+        println!(
+            "cuda: {} rank process(es), unfused pipeline, {mma} tensor-core route, total {:.3}s (JIT, weight transform and upload included)",
+            config.num_ranks,
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let problem = files::read_problem(dir)?;
     let (config, inputs) = (&problem.config, &problem.inputs);
     let t = Instant::now();
@@ -367,14 +404,7 @@ fn run_cuda(dir: &Path, mma: Mma) -> anyhow::Result<()> {
     let stages: Vec<String> = run
         .iter()
         .enumerate()
-        .map(|(r, (_, times))| {
-            let parts: Vec<String> = times
-                .stages()
-                .iter()
-                .map(|(name, d)| format!("{name} {:.3}", d.as_secs_f64() * 1e3))
-                .collect();
-            format!("rank {r}: {} ms", parts.join(", "))
-        })
+        .map(|(r, (_, times))| format!("rank {r}: {times}"))
         .collect();
     write_outputs(
         dir,
@@ -390,6 +420,18 @@ fn run_cuda(dir: &Path, mma: Mma) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64(),
         stages.join("\n")
     );
+    Ok(())
+}
+
+/// `--world process` without torchrun's variables: runs this command once per rank (each finds
+/// them set and is its rank), then prints their logs and output in rank order.
+fn launch_ranks(ranks: usize) -> anyhow::Result<()> {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let exe = std::env::current_exe().context("cannot find this executable to launch the ranks")?;
+    for output in megamoe::cuda::spawn_rank_processes(ranks, &exe, &args)? {
+        eprint!("{}", output.stderr);
+        print!("{}", output.stdout);
+    }
     Ok(())
 }
 
@@ -491,6 +533,9 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         config.num_experts = experts;
     }
     config.validate()?;
+    if args.world == WorldKind::Process && !ProcessEnv::present() {
+        return launch_ranks(config.num_ranks);
+    }
     let opts = megamoe::bench::BenchOptions {
         config,
         tokens: args.tokens.clone(),
@@ -501,30 +546,60 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
     );
-    // `ProgressBar::println` drops lines when the bar is hidden (no terminal); these must print.
-    let say = |line: String| bar.suspend(|| println!("{line}"));
-    if !args.json {
-        say(format!(
-            "{} on {} GPU(s): H {}, I {}, E {} ({} per rank), top-{}; median of {}",
-            args.preset,
-            config.num_ranks,
-            config.hidden,
-            config.intermediate,
-            config.num_experts,
-            config.experts_per_rank(),
-            config.top_k,
-            opts.reps
-        ));
-        say(megamoe::bench::BenchRow::HEADER.to_owned());
-    }
-    let rows = megamoe::bench::run(&opts, |row| {
+    // A hidden bar (stderr is no terminal, e.g. a rank process) prints nothing.
+    let say = |line: String| {
+        if bar.is_hidden() {
+            println!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
+    let header = || {
+        if !args.json {
+            say(format!(
+                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}",
+                args.preset,
+                config.num_ranks,
+                match args.world {
+                    WorldKind::Local => "",
+                    WorldKind::Process => ", a process each",
+                },
+                config.hidden,
+                config.intermediate,
+                config.num_experts,
+                config.experts_per_rank(),
+                config.top_k,
+                opts.reps
+            ));
+            say(megamoe::bench::BenchRow::HEADER.to_owned());
+        }
+    };
+    let show = |row: &megamoe::bench::BenchRow| {
         if !args.json {
             say(row.to_string());
         }
         bar.inc(1);
-    })?;
+    };
+    let rows = match args.world {
+        WorldKind::Local => {
+            header();
+            Some(megamoe::bench::run(&opts, show)?)
+        }
+        // Rank 0 prints the table; the other ranks log their own times.
+        WorldKind::Process => megamoe::cuda::run_process(|world| {
+            let me = world.rank();
+            if me == 0 {
+                header();
+                return Ok(Some(megamoe::bench::run_rank(world, &opts, show)?));
+            }
+            megamoe::bench::run_rank(world, &opts, |row| info!(rank = me, %row, "bench"))?;
+            Ok(None)
+        })?,
+    };
     bar.finish_and_clear();
-    if args.json {
+    if let Some(rows) = rows
+        && args.json
+    {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     }
     Ok(())

@@ -32,6 +32,14 @@ impl ProcessEnv {
         Self::from_lookup(|var| std::env::var(var).ok())
     }
 
+    /// Whether this process was started as a rank of a process world: `RANK` and `WORLD_SIZE` are
+    /// set (by torchrun, or by [`super::spawn_ranks`]). [`Self::from_env`] checks the rest.
+    pub fn present() -> bool {
+        ["RANK", "WORLD_SIZE"]
+            .iter()
+            .all(|var| std::env::var_os(var).is_some())
+    }
+
     /// From any variable source: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` are required;
     /// `LOCAL_RANK` defaults to `RANK`; `LOCAL_WORLD_SIZE`, when set, must equal `WORLD_SIZE` (one
     /// host); [`TIMEOUT_VAR`] defaults to [`Self::DEFAULT_TIMEOUT`].
