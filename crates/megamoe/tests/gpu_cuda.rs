@@ -27,8 +27,11 @@ use symm_mem::world::{is_test_rank, spawn_test_ranks};
 
 const TOL: f64 = 1e-5;
 /// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
-/// SwiGLU's re-quantization turns the GEMM's 5e-7 into 1–3e-5 on V4 shapes (H200, 2026-11-30).
-const FP8_TOL: f64 = 5e-5;
+/// SwiGLU's re-quantization turns the GEMM's 5e-7 into 1–3e-5 on V4 shapes; a token whose group
+/// amax sits at a power-of-two boundary re-quantizes its whole group at the other scale, which put
+/// tiny at T = 8192 (one group spans all of I) at 1.35e-4 (H200, 2026-11-30). Routing or layout
+/// errors land near 1.
+const FP8_TOL: f64 = 3e-4;
 
 /// Every (recipe, route) of the pipeline.
 const ROUTES: [(Recipe, Mma); 3] = [
@@ -145,9 +148,17 @@ fn compare_rank(
         .iter()
         .zip(w)
         .position(|(a, b)| a.to_bits() != b.to_bits());
+    // The token that contributes most: one requantization scale flip shows as one bad token.
+    let worst = gf
+        .chunks(config.hidden)
+        .zip(wf.chunks(config.hidden))
+        .map(|(a, b)| calc_diff(a, b))
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1));
     eprintln!(
-        "{what}: rank {r}: T = {}, calc_diff {diff:.3e}, {differ} of {} BF16 values differ{}",
+        "{what}: rank {r}: T = {}, calc_diff {diff:.3e} (worst token {:?}), {differ} of {} BF16 values differ{}",
         inputs.tokens,
+        worst,
         g.len(),
         first.map_or(String::new(), |i| format!(
             " (first at token {} channel {}: got {} want {})",
