@@ -52,7 +52,9 @@ if [[ -z "${SKIP_DEMO:-}" ]] && (( $(nvidia-smi -L 2>/dev/null | wc -l) >= 2 ));
         [[ $recipe == mx32 && $mma == fp8 ]] && continue
         gpu_dir="$demo/$recipe-$mma"
         mkdir -p "$gpu_dir" && cp "$dir"/config.json "$dir"/weights.* "$dir"/inputs.* "$gpu_dir"/
-        "$cli" run "$gpu_dir" --backend cuda --mma "$mma" && "$cli" check "$dir" "$gpu_dir" --tol 1e-5 || status=1
+        # The contract's 1e-5 for the exact route; the FP8 route's documented bound (tests/gpu_cuda.rs).
+        tol=1e-5; [[ $mma == fp8 ]] && tol=1e-3
+        "$cli" run "$gpu_dir" --backend cuda --mma "$mma" && "$cli" check "$dir" "$gpu_dir" --tol "$tol" || status=1
       done
     done
   } >"$out/demo.log" 2>&1

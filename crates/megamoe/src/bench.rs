@@ -59,7 +59,7 @@ pub struct BenchRow {
     pub communication_us: f64,
     /// The plan's NVLink bytes (pull + write-back) over `communication_us`; 0 on one rank.
     pub nvlink_gbps: f64,
-    /// (stage, share of the mean total in %).
+    /// (kernel stage, share of the kernels' time in %).
     pub stage_shares: Vec<(String, f64)>,
 }
 
@@ -209,15 +209,19 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
         .as_ref()
         .filter(|_| config.num_ranks > 1)
         .map_or(0.0, |p| p.nvlink.pull + p.nvlink.write_back);
-    let mean_total: f64 = runs
+    // The kernels' shares of their own time (the host's waits overlap them).
+    let kernel_stages = |t: &StageTimes| [t.dispatch, t.l1, t.swiglu, t.l2, t.combine];
+    let kernel_total: f64 = runs
         .iter()
-        .map(|r| r.total().as_secs_f64())
+        .map(|r| r.kernels().as_secs_f64())
         .sum::<f64>()
         .max(1e-12);
-    let stage_shares = (0..runs[0].stages().len())
-        .map(|s| {
-            let sum: f64 = runs.iter().map(|r| r.stages()[s].1.as_secs_f64()).sum();
-            (runs[0].stages()[s].0.to_owned(), 100.0 * sum / mean_total)
+    let stage_shares = ["dispatch", "L1", "swiglu", "L2", "combine"]
+        .iter()
+        .enumerate()
+        .map(|(s, name)| {
+            let sum: f64 = runs.iter().map(|r| kernel_stages(r)[s].as_secs_f64()).sum();
+            ((*name).to_owned(), 100.0 * sum / kernel_total)
         })
         .collect();
     BenchRow {
@@ -244,7 +248,7 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route      R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | stages";
+    pub const HEADER: &str = "route      R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | kernel shares";
 }
 
 impl std::fmt::Display for BenchRow {
