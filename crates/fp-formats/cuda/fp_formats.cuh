@@ -115,12 +115,15 @@ __device__ __forceinline__ u8 requantize_group(const float* h, u8* q) {
 // The 8-entry magnitude table for offset d: bytes of E4M3(v * 2^d) for v = 0 .5 1 1.5 | 2 3 4 6.
 struct __align__(8) E4m3Table { u32 lo, hi; };
 
+// d = nibble - 8 >= -5 (fold::MIN_NORMAL_OFFSET): every nonzero entry stays normal, so the table
+// is the d = 0 one with d added to each exponent field (entry 0 stays 0): two multiply-adds.
+__device__ __forceinline__ E4m3Table e4m3_table_normal(u32 nibble) {
+  // 0x3c383000 + (nibble - 8) * 0x08080800 and 0x4c484440 + (nibble - 8) * 0x08080808, mod 2^32.
+  return {nibble * 0x08080800u + 0xfbf7f000u, nibble * 0x08080808u + 0x0c080400u};
+}
+
 __device__ __forceinline__ E4m3Table e4m3_table(int d) {
-  // For d >= -5 every nonzero entry stays normal: add d to the exponent field of the d = 0 table.
-  if (d >= -5) {
-    const u32 step = (u32)(d * 8);
-    return {0x3c383000u + step * 0x01010100u, 0x4c484440u + step * 0x01010101u};
-  }
+  if (d >= -5) return e4m3_table_normal((u32)(d + 8));
   // Below, small entries are E4M3 subnormals: encode each one exactly.
   const float s = pow2(d);
   return {(u32)e4m3_encode(0.5f * s) << 8 | (u32)e4m3_encode(s) << 16 | (u32)e4m3_encode(1.5f * s) << 24,

@@ -8,6 +8,10 @@ use crate::{e2m1, e4m3};
 /// Smallest and largest exponent offset that keeps every E2M1 value exact in E4M3.
 pub const MIN_OFFSET: i32 = -8;
 pub const MAX_OFFSET: i32 = 6;
+/// From this offset up every nonzero E2M1 value times 2^d is a normal E4M3, so the decode table is
+/// the d = 0 table with d added to each exponent field: two multiply-adds, no table in memory
+/// (`e4m3_table_normal` in `cuda/fp_formats.cuh`).
+pub const MIN_NORMAL_OFFSET: i32 = -5;
 
 /// E4M3 code of `decode(code) · 2^d`, exact for `d` in [`MIN_OFFSET`, `MAX_OFFSET`].
 pub fn e2m1_to_e4m3(code: u8, d: i32) -> u8 {

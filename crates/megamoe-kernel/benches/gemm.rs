@@ -198,7 +198,9 @@ fn main() {
                 if let Some(ctas) = ctas {
                     plan = plan.with_ctas_per_sm(ctas);
                 }
-                plan = plan.with_row_base(layers.iter().all(|l| l.weights.row_base));
+                plan = plan
+                    .with_row_base(layers.iter().all(|l| l.weights.row_base))
+                    .with_fold_in_registers(layers.iter().all(|l| l.weights.fold_in_registers));
                 if let Some(k_split) = k_split {
                     plan = plan.with_k_split(k_split);
                 }

@@ -110,12 +110,22 @@ struct TileWalker {
 
 // ---------------------------------------------------------------- weight decode
 // FP8: one sign-split word of row r (or r+8) -> E4M3 regs for k 4t.. (lo) and 16+4t.. (hi).
-// `fold_table[d + 8]` is fp::e4m3_table(d), built once per CTA in shared memory: one LDS.64
-// instead of a branchy computation per row and k32 step.
+// kRegs (every offset d >= -5, transform's `fold_in_registers`): the tables are two multiply-adds of
+// the meta nibble d + 8 (FMA pipe, no load on the critical path). Otherwise `fold_table[d + 8]` is
+// fp::e4m3_table(d), built once per CTA in shared memory: one LDS.64 per row and k32 step.
+template <bool kRegs>
+__device__ __forceinline__ fp::E4m3Table fold_table_at(u32 nibble, const fp::E4m3Table* fold_table) {
+  if constexpr (kRegs) {
+    return fp::e4m3_table_normal(nibble);
+  } else {
+    return fold_table[nibble];
+  }
+}
+template <bool kRegs>
 __device__ __forceinline__ void decode_fp8(uint2 w, u32 meta_r, u32 meta_r8, int j, const fp::E4m3Table* fold_table,
-                                            u32* a) {
-  const fp::E4m3Table tr = fold_table[(meta_r >> (4 * j)) & 0xf];
-  const fp::E4m3Table tr8 = fold_table[(meta_r8 >> (4 * j)) & 0xf];
+                                           u32* a) {
+  const fp::E4m3Table tr = fold_table_at<kRegs>((meta_r >> (4 * j)) & 0xf, fold_table);
+  const fp::E4m3Table tr8 = fold_table_at<kRegs>((meta_r8 >> (4 * j)) & 0xf, fold_table);
   fp::e2m1x8_to_e4m3(w.x, tr, a[0], a[2]);
   fp::e2m1x8_to_e4m3(w.y, tr8, a[1], a[3]);
 }
@@ -152,9 +162,10 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 // in registers (parity P = stage index & 1), FP8 temp accumulators alternate between two sets.
 // kRowBase (FP8): every k128 block of a weight row shares one fold base, so the promotion needs
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
+// kRegs (FP8): decode tables from the meta nibbles in registers (see decode_fp8).
 // kKSplit (FP8): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
 // of FP32's precision while it accumulates, so shorter runs between promotions are more accurate.
-template <int BN, bool kFp8, int kCtas, bool kRowBase, int kKSplit>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit>
 struct Consumer {
   using L = Layout<BN, kFp8, kCtas>;
   // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
@@ -197,7 +208,7 @@ struct Consumer {
     const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
     const uint2* codes = stage_codes(stage) + cw * 128 + tid;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) decode_fp8(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
+    for (int j = 0; j < 4; ++j) decode_fp8<kRegs>(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
     base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
     base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
@@ -362,7 +373,7 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kFp8, int kCtas, bool kRowBase, int kKSplit>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kFp8, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
@@ -389,7 +400,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     }
     fence_barrier_init();
   }
-  if constexpr (kFp8) {
+  if constexpr (kFp8 && !kRegs) {
     if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
   }
   __syncthreads();
@@ -445,7 +456,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kFp8, kCtas, kRowBase, kKSplit> c;
+    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit> c;
     c.smem = smem;
     c.full = full;
     c.empty = empty;

@@ -131,6 +131,11 @@ pub enum GemmError {
         weights = if *weights { "it" } else { "one base per k128 block" }
     )]
     RowBaseMismatch { core: bool, weights: bool },
+    #[error(
+        "the GEMM core builds its FP8 decode tables in registers, which needs every fold offset \
+         >= -5; these weights have smaller ones (TilePlan::with_fold_in_registers(weights.fold_in_registers))"
+    )]
+    FoldInRegisters,
     #[error("{what}: {detail}")]
     Pool { what: &'static str, detail: String },
 }
@@ -147,6 +152,9 @@ pub struct TilePlan {
     pub ctas_per_sm: usize,
     /// FP8: the weights have one fold base per row (`GemmWeights::row_base`); the default.
     pub row_base: bool,
+    /// FP8: decode tables computed in registers (`GemmWeights::fold_in_registers`); the default.
+    /// Without it they are read from shared memory, which also covers offsets below -5.
+    pub fold_in_registers: bool,
     /// FP8: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
     /// accumulates with less than FP32's precision, so more promotions track the contract's sum
     /// more closely, at the cost of more promotion work.
@@ -183,6 +191,7 @@ impl TilePlan {
             stage_bytes,
             ctas_per_sm: 0,
             row_base: mma == Mma::Fp8,
+            fold_in_registers: mma == Mma::Fp8,
             k_split: DEFAULT_K_SPLIT,
             probe: false,
         };
@@ -215,6 +224,15 @@ impl TilePlan {
         }
     }
 
+    /// The same tile for FP8 weights whose fold offsets are all >= -5 (decode tables in registers)
+    /// or not.
+    pub fn with_fold_in_registers(self, in_registers: bool) -> Self {
+        Self {
+            fold_in_registers: in_registers && self.mma == Mma::Fp8,
+            ..self
+        }
+    }
+
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, three mbarriers a
     /// stage (padded to 16 B), 128 B of FP8 fold tables.
     pub fn smem_bytes(&self) -> usize {
@@ -225,11 +243,16 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         let mut spec = KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}",
                 self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
                 if self.row_base { "/rowbase" } else { "" },
+                if self.fold_in_registers {
+                    "/regfold"
+                } else {
+                    ""
+                },
                 if self.mma == Mma::Fp8 {
                     format!("/k{}", 128 / self.k_split)
                 } else {
@@ -246,6 +269,7 @@ impl TilePlan {
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)
         .define("MM_ROW_BASE", u8::from(self.row_base))
+        .define("MM_FOLD_REGS", u8::from(self.fold_in_registers))
         .define(
             "MM_KSPLIT",
             if self.mma == Mma::Fp8 {
@@ -288,9 +312,17 @@ pub fn kernels() -> Vec<KernelSpec> {
                 .map(move |&bn| TilePlan::new(mma, bn).expect("listed tile"))
         })
         .flat_map(|plan| {
-            // FP8 weights that do not fit one base per row take the per-block specialization.
-            let per_block = (plan.mma == Mma::Fp8).then(|| plan.with_row_base(false));
-            std::iter::once(plan).chain(per_block)
+            // FP8 weights that do not fit one base per row take the per-block specialization, and
+            // those with offsets below -5 the decode tables in shared memory.
+            let fp8 = plan.mma == Mma::Fp8;
+            let variants = if fp8 {
+                vec![(true, true), (true, false), (false, true), (false, false)]
+            } else {
+                vec![(false, false)]
+            };
+            variants.into_iter().map(move |(row_base, regs)| {
+                plan.with_row_base(row_base).with_fold_in_registers(regs)
+            })
         })
         .map(|plan| plan.spec())
         .collect()
@@ -319,6 +351,7 @@ pub struct DeviceWeights {
     pub n: usize,
     pub k: usize,
     pub row_base: bool,
+    pub fold_in_registers: bool,
     codes: CudaSlice<u8>,
     meta: CudaSlice<u32>,
 }
@@ -331,6 +364,7 @@ impl DeviceWeights {
             n: w.n,
             k: w.k,
             row_base: w.row_base,
+            fold_in_registers: w.fold_in_registers,
             codes: gpu.upload(&w.codes)?,
             meta: gpu.upload(&w.meta)?,
         })
@@ -484,6 +518,9 @@ impl GemmCore {
                 core: self.plan.mma,
                 weights: weights.mma,
             });
+        }
+        if self.plan.fold_in_registers && !weights.fold_in_registers {
+            return Err(GemmError::FoldInRegisters);
         }
         if weights.row_base != self.plan.row_base {
             return Err(GemmError::RowBaseMismatch {

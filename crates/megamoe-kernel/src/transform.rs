@@ -69,6 +69,9 @@ pub struct GemmWeights {
     pub k: usize,
     /// FP8: every row has one fold base over all of K (see `transform_weights`).
     pub row_base: bool,
+    /// FP8: every fold offset is at least `fold::MIN_NORMAL_OFFSET` (a row's scales span at most 11
+    /// binades around its base), so the decode tables are computed in registers.
+    pub fold_in_registers: bool,
     /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
     pub codes: Vec<u8>,
     /// `[E][n/128][k/128][128]`.
@@ -148,12 +151,20 @@ pub fn transform_weights(
             block.write_codes(codes);
             Ok(())
         })?;
+    // FP8: every offset d (nibble d + 8) at least MIN_NORMAL_OFFSET lets the kernel build its decode
+    // tables in registers instead of loading them from shared memory.
+    let min_nibble = (fold::MIN_NORMAL_OFFSET - fold::MIN_OFFSET) as u32;
+    let fold_in_registers = mma == Mma::Fp8
+        && meta
+            .par_iter()
+            .all(|m| (0..4).all(|j| (m >> (4 * j)) & 0xf >= min_nibble));
     Ok(GemmWeights {
         mma,
         num_experts,
         n,
         k,
         row_base: row_max.is_some(),
+        fold_in_registers,
         codes,
         meta,
     })

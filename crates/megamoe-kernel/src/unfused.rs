@@ -699,7 +699,7 @@ impl Pipeline {
             shape,
             rank,
             glue: GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?,
-            cores: (0..2 * TOKEN_TILES.len()).map(|_| None).collect(),
+            cores: (0..4 * TOKEN_TILES.len()).map(|_| None).collect(),
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
             layout,
@@ -905,19 +905,18 @@ impl Pipeline {
         bn: usize,
         layer_is_l1: bool,
     ) -> Result<usize, UnfusedError> {
-        // One core per (tile, fold-base mode): w1 and w2 may differ in the latter.
-        let row_base = if layer_is_l1 {
-            self.w1.row_base
-        } else {
-            self.w2.row_base
-        };
+        // One core per (tile, fold mode): w1 and w2 may differ in the latter.
+        let weights = if layer_is_l1 { &self.w1 } else { &self.w2 };
+        let (row_base, in_registers) = (weights.row_base, weights.fold_in_registers);
         let tile = TOKEN_TILES
             .iter()
             .position(|&t| t == bn)
             .expect("a listed tile");
-        let slot = 2 * tile + usize::from(row_base);
+        let slot = 4 * tile + 2 * usize::from(row_base) + usize::from(in_registers);
         if self.cores[slot].is_none() {
-            let plan = TilePlan::new(self.shape.mma, bn)?.with_row_base(row_base);
+            let plan = TilePlan::new(self.shape.mma, bn)?
+                .with_row_base(row_base)
+                .with_fold_in_registers(in_registers);
             self.cores[slot] = Some(GemmCore::new(gpu, jit, plan)?);
         }
         Ok(slot)

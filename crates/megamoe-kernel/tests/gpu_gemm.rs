@@ -41,6 +41,9 @@ struct Case<'a> {
     /// Push one k128 block of expert 0's row 0 down by 12 binades, so that (g128) no single fold
     /// base fits the whole row and the per-block specialization runs.
     wide_rows: bool,
+    /// Give expert 0's row 0 one k128 block whose sub-scales span 13 binades, so that (FP8) an
+    /// offset falls below -5 and the decode tables come from shared memory.
+    deep_block: bool,
 }
 
 /// Runs one case; returns (calc_diff over the checked rows, BF16 values that differ from the reference).
@@ -55,17 +58,27 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         seed,
         check_stride,
         wide_rows,
+        deep_block,
     } = case;
     let experts = expert_rows.len();
     let mut weights = ExpertWeights::random(experts, n, k, seed);
     if wide_rows {
         weights.w_sf[..4].iter_mut().for_each(|b| *b -= 12);
     }
+    if deep_block {
+        let top = *weights.w_sf[..4].iter().max().unwrap();
+        weights.w_sf[..4].copy_from_slice(&[top, top, top, top - 13]);
+    }
     let transformed = transform_weights(mma, &weights.w, &weights.w_sf, experts, n, k).unwrap();
     assert_eq!(
         transformed.row_base,
-        mma == Mma::Fp8 && !wide_rows,
+        mma == Mma::Fp8 && !wide_rows && !deep_block,
         "fold base mode"
+    );
+    assert_eq!(
+        transformed.fold_in_registers,
+        mma == Mma::Fp8 && !deep_block,
+        "fold tables in registers"
     );
     let device_weights = DeviceWeights::upload(gpu, &transformed).unwrap();
     let pool = ActPool::random(recipe, expert_rows, k, seed + 1);
@@ -78,7 +91,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     });
     let plan = TilePlan::new(mma, bn)
         .unwrap()
-        .with_row_base(transformed.row_base);
+        .with_row_base(transformed.row_base)
+        .with_fold_in_registers(transformed.fold_in_registers);
     let core = GemmCore::new(gpu, jit, plan).unwrap();
 
     let sf_stride = pool.sf_stride(bn);
@@ -145,10 +159,11 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         }
     }
     let diff = calc_diff(&got, &want);
-    let base = if plan.row_base {
-        "row base"
-    } else {
-        "block base"
+    let base = match (plan.row_base, plan.fold_in_registers) {
+        (true, true) => "row base, reg tables",
+        (true, false) => "row base, smem tables",
+        (false, true) => "block base, reg tables",
+        (false, false) => "block base, smem tables",
     };
     eprintln!(
         "{recipe}/{mma:<4} bn {bn:>3} {base} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
@@ -183,6 +198,7 @@ fn every_specialization_matches_the_reference() {
                     seed: bn as u64,
                     check_stride: None,
                     wide_rows: false,
+                    deep_block: false,
                 },
             );
             assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
@@ -213,6 +229,7 @@ fn skewed_and_odd_shapes_match_the_reference() {
                     seed: 42,
                     check_stride: None,
                     wide_rows: false,
+                    deep_block: false,
                 },
             );
             assert!(
@@ -250,6 +267,7 @@ fn preset_shapes_match_the_reference() {
                         seed: 7,
                         check_stride: None,
                         wide_rows: false,
+                        deep_block: false,
                     },
                 );
                 assert!(
@@ -266,22 +284,28 @@ fn preset_shapes_match_the_reference() {
 fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
     let (gpu, jit) = setup();
     for bn in [16, 128] {
-        let (diff, _) = run(
-            &gpu,
-            &jit,
-            Case {
-                recipe: Recipe::G128,
-                mma: Mma::Fp8,
-                tokens_per_tile: Some(bn),
-                expert_rows: &[5, 140, 0, 33],
-                n: 256,
-                k: 512,
-                seed: 3,
-                check_stride: None,
-                wide_rows: true,
-            },
-        );
-        assert!(diff <= 1e-5, "g128 bn {bn} block base: calc_diff {diff:e}");
+        for (wide_rows, deep_block) in [(true, false), (false, true)] {
+            let (diff, _) = run(
+                &gpu,
+                &jit,
+                Case {
+                    recipe: Recipe::G128,
+                    mma: Mma::Fp8,
+                    tokens_per_tile: Some(bn),
+                    expert_rows: &[5, 140, 0, 33],
+                    n: 256,
+                    k: 512,
+                    seed: 3,
+                    check_stride: None,
+                    wide_rows,
+                    deep_block,
+                },
+            );
+            assert!(
+                diff <= 1e-5,
+                "g128 bn {bn} wide {wide_rows} deep {deep_block}: calc_diff {diff:e}"
+            );
+        }
     }
 }
 
@@ -306,6 +330,7 @@ fn many_tiles_per_cta_match_the_reference() {
                     seed: 100 + bn as u64,
                     check_stride: Some(7),
                     wide_rows: false,
+                    deep_block: false,
                 },
             );
             assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
