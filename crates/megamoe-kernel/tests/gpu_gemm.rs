@@ -70,11 +70,14 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         weights.w_sf[..4].copy_from_slice(&[top, top, top, top - 13]);
     }
     let transformed = transform_weights(mma, &weights.w, &weights.w_sf, experts, n, k).unwrap();
-    assert_eq!(
-        transformed.row_base,
-        mma == Mma::Fp8 && !wide_rows && !deep_block,
-        "fold base mode"
-    );
+    // (A deep block leaves the row's base mode to the rest of the row's scales.)
+    if !deep_block {
+        assert_eq!(
+            transformed.row_base,
+            mma == Mma::Fp8 && !wide_rows,
+            "fold base mode"
+        );
+    }
     assert_eq!(
         transformed.fold_in_registers,
         mma == Mma::Fp8 && !deep_block,
