@@ -84,8 +84,18 @@ __device__ __forceinline__ u16 bf16_rn(float f) {
 }
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); }
 
-// E4M3 code times 2^(b-127) as BF16 (exact for every code and the scales the pools see).
-__device__ __forceinline__ u16 widen(u8 code, float scale) { return bf16_rn(fp::e4m3_decode(code) * scale); }
+// Two E4M3 codes (byte 0 -> low half) times `scale` = 2^(b-127) as BF16x2, through the hardware's
+// exact E4M3 -> F16 conversion: exact for every finite code and the scales the pools see.
+__device__ __forceinline__ u32 widen2(u32 codes, float scale) {
+  u32 h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"((u16)codes));
+  float lo, hi;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"((u16)h2));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"((u16)(h2 >> 16)));
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(__fmul_rn(hi, scale)), "f"(__fmul_rn(lo, scale)));
+  return r;
+}
 
 __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const int pair = blockIdx.x;
@@ -103,18 +113,17 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
   for (int kb = threadIdx.x; kb < h / 128; kb += kThreads) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
 #else
+  // 16 channels (one 16-byte load, one scale: G is 32 or 128) -> two 16-byte stores per thread.
   u16* dst = reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h;
-  for (int c = threadIdx.x * 8; c < h; c += kThreads * 8) {
-    const uint2 q = *reinterpret_cast<const uint2*>(src + c);
+  for (int c = threadIdx.x * 16; c < h; c += kThreads * 16) {
+    const uint4 q = *reinterpret_cast<const uint4*>(src + c);
     const float scale = fp::ue8m0_decode(src_sf[c / UF_G]);
-    u32 w[4];
+    const u32 words[4] = {q.x, q.y, q.z, q.w};
+    u32 w[8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const u32 word = i < 2 ? q.x : q.y;
-      const int s = (i & 1) * 16;
-      w[i] = (u32)widen((u8)(word >> s), scale) | ((u32)widen((u8)(word >> (s + 8)), scale) << 16);
-    }
+    for (int i = 0; i < 8; ++i) w[i] = widen2(words[i / 2] >> (16 * (i & 1)), scale);
     *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(w[4], w[5], w[6], w[7]);
   }
 #endif
   if (threadIdx.x == 0) {
@@ -127,27 +136,31 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   }
 }
 
-// Steps 2-3 of the contract for one pool row. A warp takes one group of G channels (G/32 per lane,
-// contiguous): h in f32 as the host computes it (IEEE division, exp rounded from double like the
-// host's libm expf, products in the contract's order, no FMA contraction), then the re-quantizer of
-// fp_formats.cuh's requantize_group<G> with the amax reduced over the warp (fmaxf is exact and order
-// free, so the bits are the same).
+// Steps 2-3 of the contract for one pool row. Each lane takes 4 consecutive channels (one 8-byte load
+// of gate and one of up), G/4 lanes make one group of G channels: h in f32 as the host computes it
+// (IEEE division, exp rounded from double like the host's libm expf, products in the contract's
+// order, no FMA contraction), then the re-quantizer of fp_formats.cuh's requantize_group<G> with the
+// amax reduced over the group's lanes (fmaxf is exact and order free, so the bits are the same).
 __device__ __forceinline__ void swiglu(const SwigluParams& p) {
+  constexpr int kPer = 4;                     // channels per lane
+  constexpr int kLanesPerGroup = UF_G / kPer;  // 8 (G = 32) or 32 (G = 128)
   const int row = blockIdx.x;
   const RowMeta m = p.meta[row];
   if (m.token < 0) return;
-  constexpr int kPer = UF_G / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int inter = p.inter;
   const u16* gate = p.l1_out + (size_t)row * 2 * inter;
   const u16* up = gate + inter;
-  for (int grp = warp; grp < inter / UF_G; grp += kThreads / 32) {
-    const int c0 = grp * UF_G + lane * kPer;
+  // I is a multiple of 128, so every warp's 128 channels are all in range or all out.
+  for (int c0 = threadIdx.x * kPer; c0 < inter; c0 += kThreads * kPer) {
+    const uint2 gv = *reinterpret_cast<const uint2*>(gate + c0);
+    const uint2 uv = *reinterpret_cast<const uint2*>(up + c0);
+    const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
     float h[kPer];
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      float g = bf16_to_f32(gate[c0 + i]), u = bf16_to_f32(up[c0 + i]);
+      float g = bf16_to_f32((u16)(gw[i / 2] >> (16 * (i & 1)))), u = bf16_to_f32((u16)(uw[i / 2] >> (16 * (i & 1))));
       if (p.has_clamp) {
         g = fminf(g, p.clamp);
         u = fminf(fmaxf(u, -p.clamp), p.clamp);
@@ -158,7 +171,7 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
       amax = fmaxf(amax, fabsf(h[i]));
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
     const float inv = fp::pow2(127 - (int)biased);
 #if UF_FP8_POOL
@@ -166,12 +179,14 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
     *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + c0) = word;
-    if (lane == 0) p.l2_sf[(size_t)grp * p.sf_stride + row] = (u8)biased;
+    if (lane % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / UF_G) * p.sf_stride + row] = (u8)biased;
 #else
     const float scale = fp::pow2((int)biased - 127);
-    u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + c0;
+    u32 out[2];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) dst[i] = widen(fp::e4m3_encode(h[i] * inv), scale);
+    for (int i = 0; i < kPer; i += 2)
+      out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
+    *reinterpret_cast<uint2*>(reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + c0) = make_uint2(out[0], out[1]);
 #endif
   }
 }
