@@ -7,6 +7,10 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
   mm::unfused::dispatch(p);
 }
 
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads) uf_silu_table(float* table) {
+  mm::unfused::silu_table(table);
+}
+
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_swiglu(const __grid_constant__ mm::unfused::SwigluParams p) {
   mm::unfused::swiglu(p);

@@ -3,6 +3,7 @@
 //   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
 //                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
 //                      records the row's source (RowMeta);
+//   uf_silu_table      silu of every BF16 value, once per pipeline;
 //   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
 //                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
 //   uf_combine_send    one CTA per pool row: the row's L2 result into its source rank's combine buffer
@@ -53,6 +54,7 @@ struct DispatchParams {
 struct SwigluParams {
   const u16* l1_out;       // [rows][2I] BF16: gate 0..I, up I..2I
   const RowMeta* meta;     // [rows]
+  const float* silu;       // [65536] silu(g) of every BF16 g (uf_silu_table)
   u8* l2_act;              // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I]
   u8* l2_sf;               // FP8 pool: [I/128][sf_stride]
   int rows, inter, sf_stride, has_clamp;
@@ -136,10 +138,23 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   }
 }
 
+// silu(g) = g / (1 + exp(-g)) in f32 as the host computes it: IEEE division, exp rounded from double
+// like the host's libm expf.
+__device__ __forceinline__ float silu_exact(float g) {
+  const float e = (float)exp(-(double)g);
+  return __fdiv_rn(g, __fadd_rn(1.0f, e));
+}
+
+// silu of every BF16 value (index = its bits), built once per pipeline: the gates are BF16, so
+// SwiGLU looks silu up instead of paying a double-precision exp per element (FP64 is 1/2 rate).
+__device__ __forceinline__ void silu_table(float* table) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < 65536) table[i] = silu_exact(bf16_to_f32((u16)i));
+}
+
 // Steps 2-3 of the contract for one pool row. Each lane takes 4 consecutive channels (one 8-byte load
 // of gate and one of up), G/4 lanes make one group of G channels: h in f32 as the host computes it
-// (IEEE division, exp rounded from double like the host's libm expf, products in the contract's
-// order, no FMA contraction), then the re-quantizer of fp_formats.cuh's requantize_group<G> with the
+// (silu_exact from the table, products in the contract's order, no FMA contraction), then the re-quantizer of fp_formats.cuh's requantize_group<G> with the
 // amax reduced over the group's lanes (fmaxf is exact and order free, so the bits are the same).
 __device__ __forceinline__ void swiglu(const SwigluParams& p) {
   constexpr int kPer = 4;                     // channels per lane
@@ -165,8 +180,9 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
         g = fminf(g, p.clamp);
         u = fminf(fmaxf(u, -p.clamp), p.clamp);
       }
-      const float e = (float)exp(-(double)g);
-      const float silu = __fdiv_rn(g, __fadd_rn(1.0f, e));
+      // A clamp that is no BF16 value leaves g off the table: compute it.
+      const u32 gb = __float_as_uint(g);
+      const float silu = (gb & 0xffffu) == 0 ? p.silu[gb >> 16] : silu_exact(g);
       h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
       amax = fmaxf(amax, fabsf(h[i]));
     }
@@ -227,7 +243,7 @@ __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
 static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
-static_assert(sizeof(SwigluParams) == 56, "SwigluParams layout");
+static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
 static_assert(sizeof(CombineReduceParams) == 40, "CombineReduceParams layout");
 

@@ -31,6 +31,8 @@ use crate::transform::{BLOCK_K, GemmWeights};
 
 /// Threads per CTA of every glue kernel (`mm::unfused::kThreads`).
 const THREADS: u32 = 128;
+/// Distinct BF16 values: entries of the SiLU table.
+const BF16_VALUES: usize = 1 << 16;
 /// The largest GEMM token tile: g128 scale tables reach this far past the last used row.
 const MAX_TILE: usize = TOKEN_TILES[TOKEN_TILES.len() - 1];
 /// Alignment of every region of the symmetric buffer ([`PeerLayout`]) and of its base addresses
@@ -401,6 +403,7 @@ struct DispatchParams {
 struct SwigluParams {
     l1_out: u64,
     meta: u64,
+    silu: u64,
     l2_act: u64,
     l2_sf: u64,
     rows: i32,
@@ -440,7 +443,7 @@ struct CombineReduceParams {
 const _: () = {
     assert!(size_of::<RowMeta>() == 16);
     assert!(size_of::<DispatchParams>() == 88);
-    assert!(size_of::<SwigluParams>() == 56);
+    assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
     assert!(size_of::<CombineReduceParams>() == 40);
 };
@@ -469,9 +472,10 @@ pub fn kernels() -> Vec<KernelSpec> {
     .to_vec()
 }
 
-/// The four glue kernels of one (recipe, route), loaded on one GPU.
+/// The glue kernels of one (recipe, route), loaded on one GPU.
 pub struct GlueKernels {
     pub recipe: Recipe,
+    silu_table: Kernel,
     dispatch: Kernel,
     swiglu: Kernel,
     combine_send: Kernel,
@@ -485,6 +489,7 @@ impl GlueKernels {
         let module = gpu.load_module(&compiled.cubin)?;
         Ok(Self {
             recipe,
+            silu_table: module.kernel("uf_silu_table")?,
             dispatch: module.kernel("uf_dispatch")?,
             swiglu: module.kernel("uf_swiglu")?,
             combine_send: module.kernel("uf_combine_send")?,
@@ -640,6 +645,8 @@ pub struct Pipeline {
     /// `[4][R]`: l1_act, l1_sf, meta, combine of every rank ([`PeerLayout::peer_table`]).
     peers: CudaSlice<u64>,
     l1_out: CudaSlice<u16>,
+    /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
+    silu: CudaSlice<f32>,
     l2_act: CudaSlice<u8>,
     l2_sf: CudaSlice<u8>,
     l2_out: CudaSlice<u16>,
@@ -695,10 +702,22 @@ impl Pipeline {
         let table = layout.peer_table(peer_bases, shape.num_ranks)?;
         let rows = shape.pool_rows;
         let elem = shape.act_elem();
+        let glue = GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?;
+        let mut silu = gpu.alloc_zeros::<f32>(BF16_VALUES)?;
+        // SAFETY: one thread per entry of the 65536-entry table.
+        unsafe {
+            glue.silu_table
+                .launch(
+                    gpu.stream(),
+                    LaunchConfig::linear(BF16_VALUES as u32, THREADS),
+                )
+                .ptr_mut(&mut silu)
+                .launch()?
+        };
         let pipeline = Self {
             shape,
             rank,
-            glue: GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?,
+            glue,
             cores: (0..4 * TOKEN_TILES.len()).map(|_| None).collect(),
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
@@ -706,6 +725,7 @@ impl Pipeline {
             base: peer_bases[rank],
             peers: gpu.upload(&table)?,
             l1_out: poisoned(gpu, rows * 2 * i)?,
+            silu,
             l2_act: poisoned(gpu, rows * i * elem)?,
             l2_sf: poisoned(gpu, shape.sf_bytes(i))?,
             l2_out: poisoned(gpu, rows * h)?,
@@ -992,11 +1012,13 @@ impl Pipeline {
         let stream = gpu.stream();
         let (l1_out, _g1) = self.l1_out.device_ptr(stream);
         let meta = self.own().meta;
+        let (silu, _g2) = self.silu.device_ptr(stream);
         let (l2_act, _g3) = self.l2_act.device_ptr_mut(stream);
         let (l2_sf, _g4) = self.l2_sf.device_ptr_mut(stream);
         let params = SwigluParams {
             l1_out,
             meta,
+            silu,
             l2_act,
             l2_sf,
             rows: rows as i32,
