@@ -182,9 +182,8 @@ fn setup() -> (Gpu, Jit) {
     )
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn every_specialization_matches_the_reference() {
+/// Every route and tokens-per-tile specialization on one expert layout, each held to 1e-5.
+fn every_tile(expert_rows: &[usize], n: usize, seed: u64, check_stride: Option<usize>) {
     let (gpu, jit) = setup();
     for (recipe, mma) in ROUTES {
         for &bn in megamoe_kernel::gemm::token_tiles(mma) {
@@ -195,11 +194,11 @@ fn every_specialization_matches_the_reference() {
                     recipe,
                     mma,
                     tokens_per_tile: Some(bn),
-                    expert_rows: &[0, 1, 7, 129, 40, 16],
-                    n: 256,
+                    expert_rows,
+                    n,
                     k: 384,
-                    seed: bn as u64,
-                    check_stride: None,
+                    seed: seed + bn as u64,
+                    check_stride,
                     wide_rows: false,
                     deep_block: false,
                 },
@@ -207,6 +206,12 @@ fn every_specialization_matches_the_reference() {
             assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_specialization_matches_the_reference() {
+    every_tile(&[0, 1, 7, 129, 40, 16], 256, 0, None);
 }
 
 #[test]
@@ -317,26 +322,5 @@ fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
 fn many_tiles_per_cta_match_the_reference() {
     // More tiles than CTAs for every tile size: each persistent CTA walks several tiles, experts
     // and weight tiles, so the pipelines' phases and the fold bases carry from tile to tile.
-    let (gpu, jit) = setup();
-    for (recipe, mma) in ROUTES {
-        for &bn in megamoe_kernel::gemm::token_tiles(mma) {
-            let (diff, _) = run(
-                &gpu,
-                &jit,
-                Case {
-                    recipe,
-                    mma,
-                    tokens_per_tile: Some(bn),
-                    expert_rows: &[2000, 1, 1500, 700, 0, 333],
-                    n: 1024,
-                    k: 384,
-                    seed: 100 + bn as u64,
-                    check_stride: Some(7),
-                    wide_rows: false,
-                    deep_block: false,
-                },
-            );
-            assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
-        }
-    }
+    every_tile(&[2000, 1, 1500, 700, 0, 333], 1024, 100, Some(7));
 }
