@@ -55,13 +55,6 @@ struct GemmParams {
   int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
   int k;                     // multiple of 128
   int sf_stride;             // FP8: pool rows padded; >= max(offset + align(rows, BN))
-  // Optional scatter (the unfused pipeline's L2): rows whose metadata names `scatter_rank` go
-  // straight into its combine buffer [slot][scatter_tokens][n_out] at (slot, token); the others to
-  // `out`. Null `scatter_meta`: every row to `out`.
-  const int4* scatter_meta;  // [pool rows] (rank, token, slot, weight bits)
-  u16* scatter_combine;
-  int scatter_rank;
-  int scatter_tokens;        // T_max
 };
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
@@ -487,7 +480,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
 #else
       c.mainloop(k_blocks);
 #endif
-      // ---- epilogue: BF16 out[pool row][weight row] (or the scatter target), only this expert's rows.
+      // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
       const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;
       const int n0 = nt * kTileRows + c.row_r;
@@ -498,12 +491,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         if (col < rows_left) {
           unsigned short b;
           asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
-          u16* dst = p.out + (row0 + col) * p.n_out + n;
-          if (p.scatter_meta != nullptr) {
-            const int4 m = p.scatter_meta[row0 + col];
-            if (m.x == p.scatter_rank) dst = p.scatter_combine + ((size_t)m.z * p.scatter_tokens + m.y) * p.n_out + n;
-          }
-          *dst = b;
+          p.out[(row0 + col) * p.n_out + n] = b;
         }
       }
     }

@@ -6,9 +6,8 @@
 //   uf_silu_table      silu of every BF16 value, once per pipeline;
 //   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
 //                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
-//   uf_combine_send    one CTA per pool row of another rank: the row's L2 result into its source
-//                      rank's combine buffer [k][T_max][H] at (slot, token), over a peer pointer (the
-//                      L2 GEMM writes this rank's own rows there itself);
+//   uf_combine_send    one CTA per pool row: the row's L2 result into its source rank's combine buffer
+//                      [k][T_max][H] at (slot, token), over a peer pointer;
 //   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y.
 // Specialized with -DUF_G=<32|128> (the recipe's activation group) and -DUF_FP8_POOL=<0|1> (the GEMM's
 // tensor-core route). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
@@ -68,7 +67,7 @@ struct CombineSendParams {
   const RowMeta* meta;     // [rows]
   const u64* combine;      // [R] each rank's combine buffer [k][T_max][H] BF16
   int rows, hidden, max_tokens;
-  int rank;                // rows of this rank are already in place (the L2 GEMM scattered them)
+  int pad_;
 };
 
 struct CombineReduceParams {
@@ -211,7 +210,7 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
 __device__ __forceinline__ void combine_send(const CombineSendParams& p) {
   const int row = blockIdx.x;
   const RowMeta m = p.meta[row];
-  if (m.token < 0 || m.rank == p.rank) return;
+  if (m.token < 0) return;
   const u16* src = p.l2_out + (size_t)row * p.hidden;
   u16* dst = reinterpret_cast<u16*>(p.combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
   for (int c = threadIdx.x * 8; c < p.hidden; c += kThreads * 8)

@@ -342,13 +342,7 @@ struct GemmParams {
     n_out: i32,
     k: i32,
     sf_stride: i32,
-    scatter_meta: u64,
-    scatter_combine: u64,
-    scatter_rank: i32,
-    scatter_tokens: i32,
 }
-
-const _: () = assert!(size_of::<GemmParams>() == 88);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -440,20 +434,6 @@ pub struct Pool<'a> {
     pub expert_rows_dev: &'a CudaSlice<i32>,
 }
 
-/// Where a GEMM (the unfused pipeline's L2) writes the rows of one rank's own tokens: straight into
-/// that rank's combine buffer `[slots][max_tokens][n]` at (slot, token) from the pool's row
-/// metadata, instead of `out`; rows of other ranks still go to `out`.
-pub struct Scatter<'a> {
-    /// Row metadata `[pool rows]`: (rank, token, slot, weight bits) as four `i32`s, token < 0 for
-    /// padding rows.
-    pub meta: DeviceBytes<'a>,
-    /// The combine buffer, written by the launch.
-    pub combine: DeviceBytes<'a>,
-    pub rank: usize,
-    pub slots: usize,
-    pub max_tokens: usize,
-}
-
 /// One compiled specialization, ready to launch.
 pub struct GemmCore {
     pub plan: TilePlan,
@@ -482,60 +462,7 @@ impl GemmCore {
         pool: &Pool,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), GemmError> {
-        // SAFETY: no scatter.
-        unsafe { self.launch(gpu, weights, pool, out, None) }
-    }
-
-    /// [`GemmCore::run`], with the rows of `scatter.rank` written into its combine buffer instead.
-    ///
-    /// # Safety
-    /// The scatter's metadata must name, for every row of every expert, a rank, and for the
-    /// scatter's rank a slot below `slots` and a token below `max_tokens` (the kernel trusts
-    /// them); nothing else may touch its combine buffer during the launch.
-    pub unsafe fn run_scattered(
-        &self,
-        gpu: &Gpu,
-        weights: &DeviceWeights,
-        pool: &Pool,
-        out: &mut CudaSlice<u16>,
-        scatter: &Scatter,
-    ) -> Result<(), GemmError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.launch(gpu, weights, pool, out, Some(scatter)) }
-    }
-
-    /// # Safety
-    /// See [`GemmCore::run_scattered`] when `scatter` is given.
-    unsafe fn launch(
-        &self,
-        gpu: &Gpu,
-        weights: &DeviceWeights,
-        pool: &Pool,
-        out: &mut CudaSlice<u16>,
-        scatter: Option<&Scatter>,
-    ) -> Result<(), GemmError> {
         self.check(weights, pool, out.len())?;
-        if let Some(s) = scatter {
-            let bad = |what, detail: String| Err(GemmError::Pool { what, detail });
-            if s.meta.bytes() < pool.rows * 16 {
-                return bad(
-                    "scatter metadata",
-                    format!("{} bytes for {} rows of 16", s.meta.bytes(), pool.rows),
-                );
-            }
-            if s.combine.bytes() < s.slots * s.max_tokens * weights.n * 2 {
-                return bad(
-                    "scatter combine buffer",
-                    format!(
-                        "{} bytes for [{}][{}][{}] BF16",
-                        s.combine.bytes(),
-                        s.slots,
-                        s.max_tokens,
-                        weights.n
-                    ),
-                );
-            }
-        }
         let bn = self.plan.tokens_per_tile as u32;
         let (data_type, elem) = match self.plan.mma {
             Mma::Fp8 => (TmaDataType::U8, 1u64),
@@ -569,16 +496,11 @@ impl GemmCore {
             n_out: weights.n as i32,
             k: weights.k as i32,
             sf_stride: pool.sf_stride as i32,
-            scatter_meta: scatter.map_or(0, |s| s.meta.ptr()),
-            scatter_combine: scatter.map_or(0, |s| s.combine.ptr()),
-            scatter_rank: scatter.map_or(-1, |s| s.rank as i32),
-            scatter_tokens: scatter.map_or(0, |s| s.max_tokens as i32),
         };
         let config = LaunchConfig::linear(self.sm_count * self.plan.ctas_per_sm as u32, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32);
         // SAFETY: `check` proved every buffer covers what the kernel reads and writes for this pool
-        // (the pool's `DeviceBytes` vouch for their lengths); the scatter's metadata is the
-        // caller's promise (see above).
+        // (the pool's `DeviceBytes` vouch for their lengths).
         unsafe {
             self.kernel
                 .launch(stream, config)

@@ -9,7 +9,7 @@ pub mod problem;
 pub mod transform;
 pub mod unfused;
 
-pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Scatter, TilePlan};
+pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TilePlan};
 pub use transform::{GemmWeights, TransformError, transform_weights};
 pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
 

@@ -24,7 +24,7 @@ use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 
 use crate::gemm::{
-    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Scatter, TOKEN_TILES, TilePlan,
+    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan,
 };
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::{BLOCK_K, GemmWeights};
@@ -424,7 +424,7 @@ struct CombineSendParams {
     rows: i32,
     hidden: i32,
     max_tokens: i32,
-    rank: i32,
+    pad: i32,
 }
 
 /// `mm::unfused::CombineReduceParams`.
@@ -961,7 +961,6 @@ impl Pipeline {
         let slot = self.core(gpu, jit, bn, !second)?;
         let plan = self.plan.as_ref().expect("plan");
         let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
-        let (own, layout, shape, rank) = (self.own(), self.layout, self.shape, self.rank);
         let (act, sf, weights, out) = if second {
             (
                 DeviceBytes::of(gpu, &self.l2_act),
@@ -970,6 +969,7 @@ impl Pipeline {
                 &mut self.l2_out,
             )
         } else {
+            let (own, layout) = (self.own(), self.layout);
             // SAFETY: this rank's L1 pool regions (Pipeline::new's contract); the dispatch that
             // wrote them is behind a barrier and nothing writes them until the next forward.
             let pool = unsafe {
@@ -990,26 +990,10 @@ impl Pipeline {
             expert_offset_dev: offsets_dev,
             expert_rows_dev: rows_dev,
         };
-        let core = self.cores[slot].as_ref().expect("compiled");
-        if second {
-            // L2: this rank's own tokens go straight into its combine buffer; combine_send moves
-            // only the other ranks' rows.
-            // SAFETY: this rank's metadata and combine regions (Pipeline::new's contract); the
-            // dispatch wrote every pool row's (rank, token < max_tokens, slot < top_k) behind a
-            // barrier, and peers write into this combine buffer only in combine_send, after L2.
-            unsafe {
-                let scatter = Scatter {
-                    meta: DeviceBytes::from_raw(own.meta, layout.meta.bytes),
-                    combine: DeviceBytes::from_raw(own.combine, layout.combine.bytes),
-                    rank,
-                    slots: shape.top_k,
-                    max_tokens: shape.max_tokens,
-                };
-                core.run_scattered(gpu, weights, &pool, out, &scatter)?;
-            }
-        } else {
-            core.run(gpu, weights, &pool, out)?;
-        }
+        self.cores[slot]
+            .as_ref()
+            .expect("compiled")
+            .run(gpu, weights, &pool, out)?;
         Ok(())
     }
 
@@ -1056,19 +1040,16 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stage 4: `bf16(h_row · w2_eᵀ)` of every pool row, `[H]`: rows of this rank's own tokens
-    /// straight into its combine buffer at (slot, token), the others into `l2_out` for
-    /// [`Pipeline::combine_send`].
+    /// Stage 4: `l2_out[row] = bf16(h_row · w2_eᵀ)`, `[rows][H]`.
     pub fn l2(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
         self.gemm(gpu, jit, true)
     }
 
-    /// Stage 5a: the other ranks' rows into their combine buffers (peer writes); nothing on one rank.
+    /// Stage 5a: every pool row's result into its source rank's combine buffer (peer writes).
     pub fn combine_send(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
         let rows = self.plan.as_ref().expect("set_plans before combine").rows;
-        // One rank: L2 already wrote every row into its own combine buffer.
-        if rows == 0 || s.num_ranks == 1 {
+        if rows == 0 {
             return Ok(());
         }
         let stream = gpu.stream();
@@ -1081,7 +1062,7 @@ impl Pipeline {
             rows: rows as i32,
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
-            rank: self.rank as i32,
+            pad: 0,
         };
         // SAFETY: every valid row's (rank, token, slot) came from a dispatch of a rank with at
         // most max_tokens tokens and top_k slots; combine buffers are [top_k][max_tokens][H].
