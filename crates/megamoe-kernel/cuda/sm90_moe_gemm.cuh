@@ -269,28 +269,38 @@ struct Consumer {
     wg_commit();
   }
 
+  // FP8: the token scales of chunk h of parity P's stage (two per 8 columns). With one CTA per SM
+  // they are loaded before the wgmma wait that precedes their promotion, so the shared-memory
+  // latency hides behind it; two CTAs have no registers to spare for that.
+  static constexpr int kScalePairs = kNsub / 8;
+  static constexpr bool kPrefetchScales = kCtas == 1;
+  template <int P>
+  __device__ __forceinline__ void chunk_scales(int h, float2* sc) const {
+    const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub;
+#pragma unroll
+    for (int q = 0; q < kScalePairs; ++q) sc[q] = *(const float2*)(sf + 8 * q + 2 * t);
+  }
+
   // FP8: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
   // base is per row).
   template <int P, int B>
-  __device__ __forceinline__ void promote(int h) {
+  __device__ __forceinline__ void promote(int h, const float2* sc) {
 #pragma unroll
     for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
-    const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub;
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
-    for (int q = 0; q < kNsub / 8; ++q) {
-      const float2 sc = *(const float2*)(sf + 8 * q + 2 * t);
+    for (int q = 0; q < kScalePairs; ++q) {
       float* out = acc + (h / kKSplit) * (kNsub / 2) + 4 * q;
       if constexpr (kRowBase) {
-        out[0] = fmaf(tmp[B][4 * q + 0], sc.x, out[0]);
-        out[1] = fmaf(tmp[B][4 * q + 1], sc.y, out[1]);
-        out[2] = fmaf(tmp[B][4 * q + 2], sc.x, out[2]);
-        out[3] = fmaf(tmp[B][4 * q + 3], sc.y, out[3]);
+        out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x, out[0]);
+        out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y, out[1]);
+        out[2] = fmaf(tmp[B][4 * q + 2], sc[q].x, out[2]);
+        out[3] = fmaf(tmp[B][4 * q + 3], sc[q].y, out[3]);
       } else {
-        out[0] = fmaf(tmp[B][4 * q + 0], sc.x * base[P][0], out[0]);
-        out[1] = fmaf(tmp[B][4 * q + 1], sc.y * base[P][0], out[1]);
-        out[2] = fmaf(tmp[B][4 * q + 2], sc.x * base[P][1], out[2]);
-        out[3] = fmaf(tmp[B][4 * q + 3], sc.y * base[P][1], out[3]);
+        out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x * base[P][0], out[0]);
+        out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y * base[P][0], out[1]);
+        out[2] = fmaf(tmp[B][4 * q + 2], sc[q].x * base[P][1], out[2]);
+        out[3] = fmaf(tmp[B][4 * q + 3], sc[q].y * base[P][1], out[3]);
       }
     }
   }
@@ -300,14 +310,22 @@ struct Consumer {
   template <int P, int H = 0>
   __device__ __forceinline__ void fp8_stage() {
     constexpr int B = (P * kChunks + H) & 1;
-    issue_fp8<P, B>(H);
+    float2 sc[kScalePairs];
     if constexpr (H > 0) {
+      if constexpr (kPrefetchScales) chunk_scales<P>(H - 1, sc);
+      issue_fp8<P, B>(H);
       wg_wait<1>();
-      promote<P, B ^ 1>(H - 1);
+      if constexpr (!kPrefetchScales) chunk_scales<P>(H - 1, sc);
+      promote<P, B ^ 1>(H - 1, sc);
     } else if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
+      if constexpr (kPrefetchScales) chunk_scales<0>(kChunks - 1, sc);
+      issue_fp8<P, B>(H);
       wg_wait<1>();
-      promote<0, B ^ 1>(kChunks - 1);
+      if constexpr (!kPrefetchScales) chunk_scales<0>(kChunks - 1, sc);
+      promote<0, B ^ 1>(kChunks - 1, sc);
       release<0>();
+    } else {
+      issue_fp8<P, B>(H);
     }
     if constexpr (H + 1 < kChunks) fp8_stage<P, H + 1>();
   }
@@ -315,8 +333,11 @@ struct Consumer {
   template <int P>
   __device__ __forceinline__ void fp8_drain() {
     constexpr int B = (P * kChunks + kChunks - 1) & 1;
+    float2 sc[kScalePairs];
+    if constexpr (kPrefetchScales) chunk_scales<P>(kChunks - 1, sc);
     wg_wait<0>();
-    promote<P, B>(kChunks - 1);
+    if constexpr (!kPrefetchScales) chunk_scales<P>(kChunks - 1, sc);
+    promote<P, B>(kChunks - 1, sc);
     release<P>();
   }
 
