@@ -1,5 +1,7 @@
 // sm90_unfused.cuh -- the unfused MoE pipeline's glue kernels (each its own launch; the grouped GEMM
 // of sm90_moe_gemm.cuh runs L1 and L2 between them):
+// Each kernel takes its rows (pairs, pool rows, tokens) along grid x and may split a row's channels
+// over grid y (first_channel / channel_stride) when there are too few rows to fill the GPU.
 //   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
 //                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
 //                      records the row's source (RowMeta);
@@ -99,6 +101,11 @@ __device__ __forceinline__ u32 widen2(u32 codes, float scale) {
   return r;
 }
 
+// A row's channels may be split over gridDim.y CTAs (the host splits when there are few rows, so
+// that the GPU fills up); each thread takes `per` consecutive channels at a time.
+__device__ __forceinline__ int first_channel(int per) { return (blockIdx.y * kThreads + threadIdx.x) * per; }
+__device__ __forceinline__ int channel_stride(int per) { return gridDim.y * kThreads * per; }
+
 __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const int pair = blockIdx.x;
   const int row = p.route[pair];
@@ -110,14 +117,14 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const u8* src_sf = p.x_sf + (size_t)t * (h / UF_G);
 #if UF_FP8_POOL
   u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
-  for (int c = threadIdx.x * 16; c < h; c += kThreads * 16)
+  for (int c = first_channel(16); c < h; c += channel_stride(16))
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
   u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
-  for (int kb = threadIdx.x; kb < h / 128; kb += kThreads) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
+  for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
 #else
   // 16 channels (one 16-byte load, one scale: G is 32 or 128) -> two 16-byte stores per thread.
   u16* dst = reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h;
-  for (int c = threadIdx.x * 16; c < h; c += kThreads * 16) {
+  for (int c = first_channel(16); c < h; c += channel_stride(16)) {
     const uint4 q = *reinterpret_cast<const uint4*>(src + c);
     const float scale = fp::ue8m0_decode(src_sf[c / UF_G]);
     const u32 words[4] = {q.x, q.y, q.z, q.w};
@@ -128,7 +135,7 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
     *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(w[4], w[5], w[6], w[7]);
   }
 #endif
-  if (threadIdx.x == 0) {
+  if (blockIdx.y == 0 && threadIdx.x == 0) {
     RowMeta m;
     m.rank = p.rank;
     m.token = t;
@@ -167,7 +174,7 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
   const u16* gate = p.l1_out + (size_t)row * 2 * inter;
   const u16* up = gate + inter;
   // I is a multiple of 128, so every warp's 128 channels are all in range or all out.
-  for (int c0 = threadIdx.x * kPer; c0 < inter; c0 += kThreads * kPer) {
+  for (int c0 = first_channel(kPer); c0 < inter; c0 += channel_stride(kPer)) {
     const uint2 gv = *reinterpret_cast<const uint2*>(gate + c0);
     const uint2 uv = *reinterpret_cast<const uint2*>(up + c0);
     const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
@@ -213,13 +220,13 @@ __device__ __forceinline__ void combine_send(const CombineSendParams& p) {
   if (m.token < 0) return;
   const u16* src = p.l2_out + (size_t)row * p.hidden;
   u16* dst = reinterpret_cast<u16*>(p.combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
-  for (int c = threadIdx.x * 8; c < p.hidden; c += kThreads * 8)
+  for (int c = first_channel(8); c < p.hidden; c += channel_stride(8))
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
 
 __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
   const int t = blockIdx.x;
-  for (int c = threadIdx.x * 8; c < p.hidden; c += kThreads * 8) {
+  for (int c = first_channel(8); c < p.hidden; c += channel_stride(8)) {
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0f;

@@ -598,6 +598,23 @@ struct Inputs {
     topk_w: CudaSlice<f32>,
 }
 
+/// Resident glue CTAs per SM the split aims for (128 threads each: 16 fill an SM).
+const GLUE_CTAS_PER_SM: usize = 16;
+
+/// A glue kernel's grid: a CTA per row (pair, pool row or token) along x, each row's `channels`
+/// split over y (`per_thread` channels per thread and pass) when there are too few rows to put
+/// [`GLUE_CTAS_PER_SM`] CTAs on every SM: small T is latency-bound, large T keeps one CTA a row.
+fn glue_grid(gpu: &Gpu, rows: usize, channels: usize, per_thread: usize) -> LaunchConfig {
+    glue_grid_for(gpu.info().sm_count as usize, rows, channels, per_thread)
+}
+
+fn glue_grid_for(sms: usize, rows: usize, channels: usize, per_thread: usize) -> LaunchConfig {
+    let target = sms * GLUE_CTAS_PER_SM;
+    let chunks = channels.div_ceil(per_thread * THREADS as usize);
+    let split = target.div_ceil(rows.max(1)).clamp(1, chunks);
+    LaunchConfig::new([rows as u32, split as u32, 1], [THREADS, 1, 1])
+}
+
 /// Uploads `data`, or one `fill` element when it is empty (no zero-byte allocations).
 fn upload_nonempty<T: cuda_rt::cudarc::driver::DeviceRepr + Copy>(
     gpu: &Gpu,
@@ -709,7 +726,7 @@ impl Pipeline {
             glue.silu_table
                 .launch(
                     gpu.stream(),
-                    LaunchConfig::linear(BF16_VALUES as u32, THREADS),
+                    LaunchConfig::linear((BF16_VALUES as u32).div_ceil(THREADS), THREADS),
                 )
                 .ptr_mut(&mut silu)
                 .launch()?
@@ -911,7 +928,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .dispatch
-                .launch(stream, LaunchConfig::linear(pairs as u32, THREADS))
+                .launch(stream, glue_grid(gpu, pairs, s.hidden, 16))
                 .scalar(params)
                 .launch()?
         };
@@ -1033,7 +1050,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .swiglu
-                .launch(stream, LaunchConfig::linear(rows as u32, THREADS))
+                .launch(stream, glue_grid(gpu, rows, s.intermediate, 4))
                 .scalar(params)
                 .launch()?
         };
@@ -1069,7 +1086,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .combine_send
-                .launch(stream, LaunchConfig::linear(rows as u32, THREADS))
+                .launch(stream, glue_grid(gpu, rows, s.hidden, 8))
                 .scalar(params)
                 .launch()?
         };
@@ -1100,7 +1117,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .combine_reduce
-                .launch(stream, LaunchConfig::linear(inputs.tokens as u32, THREADS))
+                .launch(stream, glue_grid(gpu, inputs.tokens, s.hidden, 8))
                 .scalar(params)
                 .launch()?
         };
@@ -1257,6 +1274,16 @@ mod tests {
             assert!(p.expert_offset.iter().all(|&off| off % 16 == 0));
             assert!(p.rows <= cap);
         }
+    }
+
+    #[test]
+    fn glue_grids_split_rows_only_when_few() {
+        // V4-Pro, 132 SMs: SwiGLU (I = 3072, 512 channels a CTA pass) and dispatch (H = 7168).
+        assert_eq!(glue_grid_for(132, 768, 3072, 4).grid, [768, 3, 1]);
+        assert_eq!(glue_grid_for(132, 48, 7168, 16).grid, [48, 4, 1]);
+        assert_eq!(glue_grid_for(132, 49152, 3072, 4).grid, [49152, 1, 1]);
+        assert_eq!(glue_grid_for(132, 0, 7168, 8).grid, [0, 7, 1]);
+        assert_eq!(glue_grid_for(132, 5, 128, 8).grid, [5, 1, 1]);
     }
 
     #[test]
