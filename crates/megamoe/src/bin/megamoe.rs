@@ -378,6 +378,15 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
 
 fn run_cuda(dir: &Path, world: WorldKind, mma: Mma) -> anyhow::Result<()> {
     let start = Instant::now();
+    // Refused before any GPU work, on any machine.
+    let recipe = files::read_config(dir)?.recipe;
+    if !mma.supports(recipe) {
+        bail!(
+            "--mma {mma} cannot run the {recipe} recipe of {}: the FP8 route promotes once per 128 \
+             channels (g128 only); use --mma bf16",
+            dir.display()
+        );
+    }
     if world == WorldKind::Process {
         if ProcessEnv::present() {
             let run =
