@@ -453,6 +453,73 @@ fn large_t_every_preset_shape_one_and_two_gpus() {
     }
 }
 
+/// Expert parallelism over every GPU present: the largest power of two up to 8 (EP8 for issue 8,
+/// EP4 for issue 9, EP2 on two GPUs).
+fn ep_ranks() -> usize {
+    let found = cuda_rt::Gpu::count().expect("a CUDA GPU");
+    [8, 4, 2].into_iter().find(|&r| r <= found).unwrap_or(1)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_gpu_ep_world_v4_shapes() {
+    // V4-Flash and V4-Pro shapes at 8 experts per rank, T ∈ {1, 128, 8192} per rank, masked
+    // slots and skewed routing, every route; ranks as threads.
+    if !cuda_rt::testing::gpus_or_skip(2) {
+        return;
+    }
+    let ranks = ep_ranks();
+    for recipe in [Recipe::Mx32, Recipe::G128] {
+        for (name, config) in [
+            ("v4-flash shape", v4_flash_shape(8 * ranks)),
+            ("v4-pro shape", v4_pro_shape(8 * ranks)),
+        ] {
+            let mut p = problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 51, 0.05);
+            skew(&mut p);
+            for mma in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
+                for (t, stride) in [(1, 1), (128, 9), (8192, 331)] {
+                    let what = format!("{name} {recipe}/{mma} EP{ranks}");
+                    run_sampled(&what, &p, mma, t, stride);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_gpu_ep_world_processes() {
+    // The same world as processes, one per GPU: V4-Flash shape, every route, T ∈ {1, 7, 128}.
+    const TEST: &str = "every_gpu_ep_world_processes";
+    // A rank takes the world size it was launched with; the launcher, every GPU (or 2, to SKIP).
+    let ranks = if is_test_rank(TEST) {
+        symm_mem::ProcessEnv::from_env()
+            .expect("a rank's variables")
+            .world_size
+    } else if cuda_rt::Gpu::count().is_ok_and(|n| n >= 2) {
+        ep_ranks()
+    } else {
+        2
+    };
+    run_sweep_processes(TEST, ranks, &[128, 7, 1], || {
+        ROUTES
+            .into_iter()
+            .map(|(recipe, mma)| {
+                let config = v4_flash_shape(8 * ranks)
+                    .with_recipe(recipe)
+                    .with_ranks(ranks);
+                let mut p = problem(config, 128, 52, 0.1);
+                skew(&mut p);
+                (
+                    format!("v4-flash shape {recipe}/{mma} EP{ranks} processes"),
+                    p,
+                    mma,
+                )
+            })
+            .collect()
+    });
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tiny_two_gpus_token_sweep_every_route() {
