@@ -4,6 +4,25 @@
 //! the CPU dataflow engine that runs the fused kernel's buffer protocol and scheduler on host
 //! threads ([`dataflow`]), the CUDA backend (the unfused GPU pipeline on local GPUs, a rank per GPU as a thread or a process, [`cuda`]) and its benchmark ([`bench`](mod@bench)),
 //! the comparison metrics ([`check`]). The `megamoe` CLI drives them.
+//!
+//! From a Rust application, a rank per local GPU (threads; [`cuda::run_process`] does the same
+//! as one process of a torchrun-style world):
+//!
+//! ```no_run
+//! use megamoe::cuda::{CudaRank, run_local};
+//! use megamoe::{Config, Mma, RankInputs, RankWeights};
+//! # fn my_weights(rank: usize) -> RankWeights { unimplemented!() }
+//! # fn my_tokens(rank: usize) -> RankInputs { unimplemented!() }
+//! let config = Config::deepseek_v4_pro().with_ranks(2);
+//! let ys = run_local(config.num_ranks, |world| {
+//!     let r = world.rank();
+//!     // Weights are transformed and uploaded once; pools sized for 8192 tokens per rank.
+//!     let mut rank = CudaRank::new(world, &config, 8192, Mma::Bf16, &my_weights(r))?;
+//!     let (y, _stage_times) = rank.forward(&my_tokens(r))?; // BF16 [T][H]
+//!     Ok(y)
+//! })?;
+//! # Ok::<(), megamoe::cuda::CudaError>(())
+//! ```
 
 pub mod bench;
 pub mod check;
@@ -17,4 +36,5 @@ pub mod reference;
 
 pub use config::{Config, ConfigError};
 pub use fp_formats::Recipe;
+pub use megamoe_kernel::Mma;
 pub use problem::{DenseInputs, DenseWeights, Problem, ProblemError, RankInputs, RankWeights};
