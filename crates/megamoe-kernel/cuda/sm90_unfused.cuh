@@ -8,9 +8,11 @@
 //   uf_silu_table      silu of every BF16 value, once per pipeline;
 //   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
 //                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
-//   uf_combine_send    one CTA per pool row: the row's L2 result into its source rank's combine buffer
-//                      [k][T_max][H] at (slot, token), over a peer pointer;
-//   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y.
+//   uf_combine_send    one CTA per pool row of another rank's token: the row's L2 result into that
+//                      rank's combine buffer [k][T_max][H] at (slot, token), over a peer pointer;
+//   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y,
+//                      each slot from the combine buffer, or from this rank's own L2 output when
+//                      its own experts computed it.
 // Specialized with -DUF_G=<32|128> (the recipe's activation group) and -DUF_FP8_POOL=<0|1> (the GEMM's
 // tensor-core route). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
 // (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group.
@@ -69,14 +71,16 @@ struct CombineSendParams {
   const RowMeta* meta;     // [rows]
   const u64* combine;      // [R] each rank's combine buffer [k][T_max][H] BF16
   int rows, hidden, max_tokens;
-  int pad_;
+  int rank;                // rows of this rank's own tokens stay in l2_out (combine_reduce reads them)
 };
 
 struct CombineReduceParams {
-  const u16* combine;      // [k][T_max][H] BF16
+  const u16* combine;      // [k][T_max][H] BF16, the slots other ranks computed
   const int* topk_idx;     // [T*k]
   u16* y;                  // [T][H] BF16
-  int tokens, top_k, hidden, max_tokens;
+  const u16* l2_out;       // [rows][H] BF16, this rank's pool: the slots it computed itself
+  const int* route;        // [T*k] each slot's pool row at its owner
+  int tokens, top_k, hidden, max_tokens, experts_per_rank, rank;
 };
 
 // f32 -> BF16 bits, round to nearest even (NaN stays a quiet NaN), as the host's `half::bf16::from_f32`.
@@ -217,7 +221,7 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
 __device__ __forceinline__ void combine_send(const CombineSendParams& p) {
   const int row = blockIdx.x;
   const RowMeta m = p.meta[row];
-  if (m.token < 0) return;
+  if (m.token < 0 || m.rank == p.rank) return;
   const u16* src = p.l2_out + (size_t)row * p.hidden;
   u16* dst = reinterpret_cast<u16*>(p.combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
   for (int c = first_channel(8); c < p.hidden; c += channel_stride(8))
@@ -231,9 +235,13 @@ __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
     for (int j = 0; j < p.top_k; ++j) {
-      if (p.topk_idx[t * p.top_k + j] < 0) continue;
-      const uint4 v =
-          *reinterpret_cast<const uint4*>(p.combine + ((size_t)j * p.max_tokens + t) * p.hidden + c);
+      const int e = p.topk_idx[t * p.top_k + j];
+      if (e < 0) continue;
+      // A slot this rank's experts computed is still in its pool; the others were sent here.
+      const u16* src = e / p.experts_per_rank == p.rank
+                           ? p.l2_out + (size_t)p.route[t * p.top_k + j] * p.hidden
+                           : p.combine + ((size_t)j * p.max_tokens + t) * p.hidden;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + c);
       const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -252,7 +260,7 @@ __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
 static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
-static_assert(sizeof(CombineReduceParams) == 40, "CombineReduceParams layout");
+static_assert(sizeof(CombineReduceParams) == 64, "CombineReduceParams layout");
 
 }  // namespace unfused
 }  // namespace mm

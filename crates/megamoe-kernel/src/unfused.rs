@@ -424,7 +424,7 @@ struct CombineSendParams {
     rows: i32,
     hidden: i32,
     max_tokens: i32,
-    pad: i32,
+    rank: i32,
 }
 
 /// `mm::unfused::CombineReduceParams`.
@@ -434,10 +434,14 @@ struct CombineReduceParams {
     combine: u64,
     topk_idx: u64,
     y: u64,
+    l2_out: u64,
+    route: u64,
     tokens: i32,
     top_k: i32,
     hidden: i32,
     max_tokens: i32,
+    experts_per_rank: i32,
+    rank: i32,
 }
 
 const _: () = {
@@ -445,7 +449,7 @@ const _: () = {
     assert!(size_of::<DispatchParams>() == 88);
     assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
-    assert!(size_of::<CombineReduceParams>() == 40);
+    assert!(size_of::<CombineReduceParams>() == 64);
 };
 
 /// The glue kernels' specialization for `recipe`'s activation group and `mma`'s pool format.
@@ -1062,11 +1066,14 @@ impl Pipeline {
         self.gemm(gpu, jit, true)
     }
 
-    /// Stage 5a: every pool row's result into its source rank's combine buffer (peer writes).
+    /// Stage 5a: the rows of other ranks' tokens into their combine buffers (peer writes); a
+    /// rank's own tokens' rows stay in its L2 output for [`Pipeline::combine_reduce`]. Nothing on
+    /// one rank.
     pub fn combine_send(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
         let rows = self.plan.as_ref().expect("set_plans before combine").rows;
-        if rows == 0 {
+        // One rank: every slot stays in l2_out for combine_reduce.
+        if rows == 0 || s.num_ranks == 1 {
             return Ok(());
         }
         let stream = gpu.stream();
@@ -1079,7 +1086,7 @@ impl Pipeline {
             rows: rows as i32,
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
-            pad: 0,
+            rank: self.rank as i32,
         };
         // SAFETY: every valid row's (rank, token, slot) came from a dispatch of a rank with at
         // most max_tokens tokens and top_k slots; combine buffers are [top_k][max_tokens][H].
@@ -1093,7 +1100,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stage 5b: `y[t] = bf16(Σ_j valid, in order, combine[j][t])`; masked-only tokens → 0.
+    /// Stage 5b: `y[t] = bf16(Σ_j valid, in order, slot j's L2 row)` — from the combine buffer, or
+    /// this rank's own L2 output for slots its experts computed; masked-only tokens → 0.
     pub fn combine_reduce(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
         let inputs = self.inputs.as_ref().expect("set_inputs before combine");
@@ -1104,16 +1112,24 @@ impl Pipeline {
         let stream = gpu.stream();
         let (topk_idx, _g2) = inputs.topk_idx.device_ptr(stream);
         let (y, _g3) = self.y.device_ptr_mut(stream);
+        let (l2_out, _g4) = self.l2_out.device_ptr(stream);
+        let route = self.route.as_ref().expect("set_plans before combine");
+        let (route, _g5) = route.device_ptr(stream);
         let params = CombineReduceParams {
             combine,
             topk_idx,
             y,
+            l2_out,
+            route,
             tokens: inputs.tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
+            experts_per_rank: s.experts_per_rank() as i32,
+            rank: self.rank as i32,
         };
-        // SAFETY: tokens <= max_tokens; y and this rank's combine region are sized for max_tokens.
+        // SAFETY: tokens <= max_tokens; y and this rank's combine region are sized for max_tokens;
+        // the routes of this rank's own slots are rows of its pool (< pool_rows), written by L2.
         unsafe {
             self.glue
                 .combine_reduce
