@@ -262,6 +262,68 @@ fn routings_the_buffer_cannot_hold_are_refused_before_running() {
     );
 }
 
+/// One engine, one set of buffers, many calls, as the kernel's symmetric buffer serves call after
+/// call: every call copies its inputs in and must find the counters reset and the barrier words
+/// settled by the call before — different token counts, ranks without tokens, a hot expert, and
+/// a call that fails (its buffers are dropped, the next call gets fresh ones).
+#[test]
+fn one_engine_serves_many_calls() {
+    let ranks = 4;
+    // No clamp, so that overflowing L1 sums reach the check that fails a call.
+    let plain = |tokens: usize, mask: f64| {
+        let mut p = small(ranks, tokens, mask);
+        p.config.clamp = None;
+        p
+    };
+    let engine = DataflowEngine::new(&plain(1, 0.0).config, 129, EngineOptions::default()).unwrap();
+    let check = |p: &Problem| {
+        let want = reference::forward(&p.config, &p.weights, &p.inputs).unwrap();
+        let run = engine.forward(&p.weights, &p.inputs).unwrap();
+        for (rank, (got, want)) in run.y.iter().zip(&want).enumerate() {
+            assert_eq!(bits(got), bits(want), "rank {rank}");
+        }
+    };
+    let full = plain(129, 0.1);
+    check(&full);
+    check(&plain(7, 0.3));
+    check(&full);
+    let mut empty_ranks = plain(40, 0.1);
+    for x in [0, 2] {
+        empty_ranks.inputs[x] = megamoe::RankInputs {
+            tokens: 0,
+            x: Vec::new(),
+            x_sf: Vec::new(),
+            topk_idx: Vec::new(),
+            topk_weights: Vec::new(),
+        };
+    }
+    check(&empty_ranks);
+    let mut hot = plain(100, 0.0);
+    for x in &mut hot.inputs {
+        for t in 0..x.tokens {
+            x.topk_idx[t * 2] = 5;
+            if x.topk_idx[t * 2 + 1] == 5 {
+                x.topk_idx[t * 2 + 1] = 6;
+            }
+        }
+    }
+    check(&hot);
+    // Sums that overflow fail the call; the next one still matches the reference.
+    let mut bad = plain(9, 0.0);
+    for x in &mut bad.inputs {
+        x.x.fill(0x7e); // 448
+        x.x_sf.fill(127 + 100);
+    }
+    for w in &mut bad.weights {
+        w.w1.fill(0x77); // 6, 6
+        w.w1_sf.fill(127 + 20);
+    }
+    let err = engine.forward(&bad.weights, &bad.inputs).unwrap_err();
+    assert!(matches!(err, EngineError::NonFiniteL1 { .. }), "{err}");
+    check(&full);
+    check(&plain(1, 0.0));
+}
+
 /// An L1 output without a scale fails the run with an error naming the pair, and the threads
 /// waiting for that block stop instead of hanging.
 #[test]

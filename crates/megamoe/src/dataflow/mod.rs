@@ -37,6 +37,7 @@ use moe_sched::heuristics::{
     expected_tokens_per_expert,
 };
 use moe_sched::{PoolLayout, RoutingStats, SchedError, ScheduleShape, WaveSchedule};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use symm_mem::{BlockMs, ByteSize, Region, SymmError, SymmLayout, SymmParams};
 use tracing::info;
@@ -143,12 +144,32 @@ pub struct DataflowRun {
     pub schedule: ScheduleShape,
 }
 
-/// The engine for one config and one buffer layout; runs any routing that fits the buffer.
-#[derive(Clone, Debug)]
+/// The engine for one config and one buffer layout; runs any routing that fits the buffer. Its
+/// symmetric buffers live from call to call, as the kernel's do: each call copies its inputs in,
+/// and leaves the counters reset and the barrier words settled for the next.
+#[derive(Debug)]
 pub struct DataflowEngine {
     config: Config,
     layout: SymmLayout,
     options: EngineOptions,
+    buffers: KeptBuffers,
+}
+
+/// The buffers between calls: none before the first call and after a failed one (the next call
+/// allocates zeroed ones).
+#[derive(Default)]
+struct KeptBuffers(Mutex<Option<Vec<world::HostBuffer>>>);
+
+impl std::fmt::Debug for KeptBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kept = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Vec::len);
+        write!(f, "KeptBuffers({kept} ranks)")
+    }
 }
 
 /// Saturates, so out-of-range sizes reach `SymmParams::validate` and are refused there.
@@ -223,6 +244,7 @@ impl DataflowEngine {
             config: *config,
             layout,
             options,
+            buffers: KeptBuffers::default(),
         })
     }
 
@@ -321,7 +343,17 @@ impl DataflowEngine {
             buffer_per_rank = %ByteSize(layout.total_bytes),
             "cpu-dataflow run"
         );
-        let world = World::new(layout, o.timeout, |rank, bytes| {
+        // One call at a time on the buffers; a failed call leaves them to be dropped.
+        let mut kept = self
+            .buffers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let buffers = match kept.take() {
+            Some(buffers) => buffers,
+            None => world::zeroed_buffers(layout)?,
+        };
+        let world = World::reuse(layout, buffers, o.timeout, |rank, bytes| {
             copy_inputs(layout, &inputs[rank], bytes)
         })?;
         let job = rank::Job {
@@ -365,9 +397,12 @@ impl DataflowEngine {
                 }
             }
         });
-        match world.into_failure() {
-            Some(e) => Err(e),
-            None => Ok(DataflowRun { y, schedule: shape }),
+        match world.into_parts() {
+            (_, Some(e)) => Err(e),
+            (buffers, None) => {
+                *kept = Some(buffers);
+                Ok(DataflowRun { y, schedule: shape })
+            }
         }
     }
 }

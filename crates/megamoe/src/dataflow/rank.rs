@@ -2,7 +2,8 @@
 //! tokens' routes, reserve slots and write source indices into the owners' tables; the rank's
 //! leader publishes its counts; a global barrier; dispatch threads pull tokens into the L1 pool
 //! while GEMM workers walk the wave schedule, every block waiting on its own arrival counter or
-//! mask; a global barrier; every thread combines its share of the rank's tokens.
+//! mask; a global barrier; the leader resets the rank's counters for the next call while every
+//! thread combines its share of the rank's tokens.
 
 use super::EngineError;
 use super::world::{RankThread, Stop, World};
@@ -60,8 +61,28 @@ pub(super) fn run(
     }
     // Every combine slot of every rank is written.
     me.global_barrier()?;
+    if me.is_leader() {
+        reset_counters(me);
+    }
     combine(job, me, y, first_token);
     Ok(())
+}
+
+/// The end of a call: this rank's send counters, arrival counters and arrival masks back to zero
+/// for the next call on the same buffer, as the kernel leaves its workspace. Nothing reads them
+/// after the last barrier, and only this rank ever touches them.
+fn reset_counters(me: &RankThread) {
+    let (world, layout, r) = (me.world, me.world.layout, me.rank);
+    for region in [&layout.send_counts, &layout.l2_arrival_masks] {
+        world
+            .u64s(r, r, region)
+            .iter()
+            .for_each(|c| c.store(0, Ordering::Relaxed));
+    }
+    world
+        .u32s(r, r, &layout.l1_arrival_counts)
+        .iter()
+        .for_each(|c| c.store(0, Ordering::Relaxed));
 }
 
 /// Dispatch, first half: count this thread's share of tokens per expert, reserve that many

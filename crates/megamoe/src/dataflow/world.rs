@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use symm_mem::layout::TMA_ALIGN;
 use symm_mem::{Region, SymmBuffer, SymmLayout};
 
-/// One rank's buffer: `total_bytes` zeroed bytes aligned to [`TMA_ALIGN`].
-struct HostBuffer {
+/// One rank's buffer: `total_bytes` bytes aligned to [`TMA_ALIGN`], zeroed when allocated.
+pub(super) struct HostBuffer {
     ptr: NonNull<u8>,
     layout: Layout,
 }
@@ -83,18 +83,32 @@ pub(super) struct World<'l> {
     timeout: Duration,
 }
 
+/// Zeroed buffers for every rank of `layout`.
+pub(super) fn zeroed_buffers(layout: &SymmLayout) -> Result<Vec<HostBuffer>, EngineError> {
+    (0..layout.params.num_ranks as usize)
+        .map(|r| HostBuffer::zeroed(r, layout.total_bytes))
+        .collect()
+}
+
 impl<'l> World<'l> {
-    /// Allocates one zeroed buffer per rank; `fill(rank, bytes)` then writes each rank's
-    /// inputs while nothing else can see the buffers (the caller's copy-in).
-    pub fn new(
+    /// A world on `buffers`: fresh ones ([`zeroed_buffers`]) or those of an earlier call that
+    /// ended cleanly ([`World::into_parts`]), whose counters were reset at that call's end and
+    /// whose barrier words have settled, as a GPU kernel finds its symmetric buffer at the next
+    /// launch. `fill(rank, bytes)` then writes each rank's inputs while nothing else can see the
+    /// buffers (the caller's copy-in).
+    pub fn reuse(
         layout: &'l SymmLayout,
+        mut buffers: Vec<HostBuffer>,
         timeout: Duration,
         mut fill: impl FnMut(usize, &mut [u8]),
     ) -> Result<Self, EngineError> {
-        let ranks = layout.params.num_ranks as usize;
-        let mut buffers = (0..ranks)
-            .map(|r| HostBuffer::zeroed(r, layout.total_bytes))
-            .collect::<Result<Vec<_>, _>>()?;
+        assert!(
+            buffers.len() == layout.params.num_ranks as usize
+                && buffers
+                    .iter()
+                    .all(|b| b.layout.size() as u64 == layout.total_bytes),
+            "buffers of another layout"
+        );
         for (rank, buffer) in buffers.iter_mut().enumerate() {
             fill(rank, buffer.bytes_mut());
         }
@@ -102,7 +116,7 @@ impl<'l> World<'l> {
             .iter()
             .map(|b| b.ptr.as_ptr().expose_provenance() as u64)
             .collect();
-        let views = (0..ranks as u32)
+        let views = (0..buffers.len() as u32)
             .map(|r| SymmBuffer::new(r, &bases))
             .collect::<Result<_, _>>()?;
         Ok(World {
@@ -136,12 +150,15 @@ impl<'l> World<'l> {
         self.failure.failed.store(true, Ordering::Release);
     }
 
-    /// The recorded failure, if any.
-    pub fn into_failure(self) -> Option<EngineError> {
-        self.failure
+    /// The buffers, for the next call's [`World::reuse`], and the recorded failure, if any
+    /// (after a failure the buffers' counters and barrier words are in no known state).
+    pub fn into_parts(self) -> (Vec<HostBuffer>, Option<EngineError>) {
+        let failure = self
+            .failure
             .first
             .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        (self.buffers, failure)
     }
 
     /// Waits until `ready()` — spinning, then yielding, then sleeping, so hundreds of rank
@@ -288,14 +305,20 @@ pub(super) struct RankThread<'w, 'l> {
 }
 
 impl<'w, 'l> RankThread<'w, 'l> {
+    /// Thread `thread` of `rank`, its barrier phases taken from where the buffer's words stand:
+    /// they only grow, and a call starts with every earlier call's barriers complete.
     pub fn new(world: &'w World<'l>, rank: usize, thread: usize, threads_per_rank: usize) -> Self {
+        let layout = world.layout;
+        let grid = world.u64s(rank, rank, &layout.grid_barrier)[0].load(Ordering::Acquire);
+        let signal =
+            world.u64s(rank, rank, &layout.rank_barrier_signals)[rank].load(Ordering::Acquire);
         RankThread {
             world,
             rank,
             thread,
             threads_per_rank: threads_per_rank as u64,
-            grid_phase: 0,
-            rank_phase: 0,
+            grid_phase: grid / threads_per_rank as u64,
+            rank_phase: signal,
         }
     }
 
@@ -391,13 +414,19 @@ mod tests {
     #[test]
     fn a_wait_that_never_ends_times_out_with_an_error() {
         let layout = layout(1);
-        let world = World::new(&layout, Duration::from_millis(20), |_, _| {}).unwrap();
+        let world = World::reuse(
+            &layout,
+            zeroed_buffers(&layout).unwrap(),
+            Duration::from_millis(20),
+            |_, _| {},
+        )
+        .unwrap();
         let start = Instant::now();
         assert!(world.wait(0, 3, || false, || "nothing".into()).is_err());
         assert!(start.elapsed() < Duration::from_secs(5));
         // Once one thread failed, the others stop waiting at once and the first cause stays.
         assert!(world.wait(0, 1, || false, || "other".into()).is_err());
-        match world.into_failure() {
+        match world.into_parts().1 {
             Some(EngineError::Timeout {
                 rank: 0,
                 thread: 3,
@@ -411,10 +440,15 @@ mod tests {
     #[test]
     fn peers_are_reached_at_the_same_offsets() {
         let layout = layout(3);
-        let world = World::new(&layout, Duration::from_secs(1), |rank, bytes| {
-            let x = &layout.x;
-            bytes[x.offset as usize..][..x.bytes as usize].fill(rank as u8 + 1);
-        })
+        let world = World::reuse(
+            &layout,
+            zeroed_buffers(&layout).unwrap(),
+            Duration::from_secs(1),
+            |rank, bytes| {
+                let x = &layout.x;
+                bytes[x.offset as usize..][..x.bytes as usize].fill(rank as u8 + 1);
+            },
+        )
         .unwrap();
         for from in 0..3 {
             for on in 0..3 {
@@ -429,7 +463,13 @@ mod tests {
     fn barriers_order_every_thread_of_every_rank() {
         let (ranks, threads) = (4, 3);
         let layout = layout(ranks as u32);
-        let world = World::new(&layout, Duration::from_secs(30), |_, _| {}).unwrap();
+        let world = World::reuse(
+            &layout,
+            zeroed_buffers(&layout).unwrap(),
+            Duration::from_secs(30),
+            |_, _| {},
+        )
+        .unwrap();
         let arrived = AtomicU64::new(0);
         std::thread::scope(|s| {
             for rank in 0..ranks {
@@ -448,6 +488,6 @@ mod tests {
                 }
             }
         });
-        assert!(world.into_failure().is_none());
+        assert!(world.into_parts().1.is_none());
     }
 }
