@@ -198,9 +198,12 @@ fn main() {
                 if let Some(ctas) = ctas {
                     plan = plan.with_ctas_per_sm(ctas);
                 }
-                plan = plan
-                    .with_row_base(layers.iter().all(|l| l.weights.row_base))
-                    .with_fold_in_registers(layers.iter().all(|l| l.weights.fold_in_registers));
+                // One core serves both layers: their weights fold alike here.
+                assert_eq!(
+                    layers[0].weights.fold, layers[1].weights.fold,
+                    "L1 and L2 fold alike"
+                );
+                plan = plan.with_fold(layers[0].weights.fold);
                 if let Some(k_split) = k_split {
                     plan = plan.with_k_split(k_split);
                 }

@@ -10,7 +10,7 @@ use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use fp_formats::Recipe;
 
-use crate::transform::{BLOCK_K, CODE_BYTES, GemmWeights, TILE_ROWS};
+use crate::transform::{BLOCK_K, CODE_BYTES, Fold, GemmWeights, TILE_ROWS};
 
 /// How the tensor core multiplies FP8 activations by MXFP4 weights: the two main loops of the
 /// grouped GEMM. The activation scale group (the recipe) matters only to the pool's producer.
@@ -125,17 +125,10 @@ pub enum GemmError {
     #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
     MmaMismatch { core: Mma, weights: Mma },
     #[error(
-        "the GEMM core is built for weights {core} one fold base per row, the weights have {weights} \
-         (TilePlan::with_row_base(weights.row_base))",
-        core = if *core { "with" } else { "without" },
-        weights = if *weights { "it" } else { "one base per k128 block" }
+        "the GEMM core is built for the fold {core:?}, the weights have {weights:?} \
+         (TilePlan::with_fold(weights.fold))"
     )]
-    RowBaseMismatch { core: bool, weights: bool },
-    #[error(
-        "the GEMM core builds its FP8 decode tables in registers, which needs every fold offset \
-         >= -5; these weights have smaller ones (TilePlan::with_fold_in_registers(weights.fold_in_registers))"
-    )]
-    FoldInRegisters,
+    FoldMismatch { core: Fold, weights: Fold },
     #[error("{what}: {detail}")]
     Pool { what: &'static str, detail: String },
 }
@@ -150,11 +143,10 @@ pub struct TilePlan {
     pub stage_bytes: usize,
     /// CTAs per SM (1 or 2); the grid is that many per SM.
     pub ctas_per_sm: usize,
-    /// FP8: the weights have one fold base per row (`GemmWeights::row_base`); the default.
-    pub row_base: bool,
-    /// FP8: decode tables computed in registers (`GemmWeights::fold_in_registers`); the default.
-    /// Without it they are read from shared memory, which also covers offsets below -5.
-    pub fold_in_registers: bool,
+    /// FP8: how the weights fold their scales (`GemmWeights::fold`); by default one base per row
+    /// and decode tables in registers. Without those, a base per k128 block and tables in shared
+    /// memory, which also cover offsets below -5.
+    pub fold: Fold,
     /// FP8: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
     /// accumulates with less than FP32's precision, so more promotions track the contract's sum
     /// more closely, at the cost of more promotion work.
@@ -190,12 +182,14 @@ impl TilePlan {
             stages: 0,
             stage_bytes,
             ctas_per_sm: 0,
-            row_base: mma == Mma::Fp8,
-            fold_in_registers: mma == Mma::Fp8,
+            fold: Fold::default(),
             k_split: DEFAULT_K_SPLIT,
             probe: false,
         };
-        Ok(plan.with_ctas_per_sm(ctas_per_sm))
+        Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
+            row_base: true,
+            in_registers: true,
+        }))
     }
 
     /// The same tile with `ctas_per_sm` (1 or 2) CTAs per SM and the stages that fit them; for
@@ -216,19 +210,14 @@ impl TilePlan {
         Self { k_split, ..self }
     }
 
-    /// The same tile for weights with (FP8) or without one fold base per row.
-    pub fn with_row_base(self, row_base: bool) -> Self {
+    /// The same tile for weights folded as `fold` (the BF16 route has no fold).
+    pub fn with_fold(self, fold: Fold) -> Self {
         Self {
-            row_base: row_base && self.mma == Mma::Fp8,
-            ..self
-        }
-    }
-
-    /// The same tile for FP8 weights whose fold offsets are all >= -5 (decode tables in registers)
-    /// or not.
-    pub fn with_fold_in_registers(self, in_registers: bool) -> Self {
-        Self {
-            fold_in_registers: in_registers && self.mma == Mma::Fp8,
+            fold: if self.mma == Mma::Fp8 {
+                fold
+            } else {
+                Fold::default()
+            },
             ..self
         }
     }
@@ -247,8 +236,8 @@ impl TilePlan {
                 self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
-                if self.row_base { "/rowbase" } else { "" },
-                if self.fold_in_registers {
+                if self.fold.row_base { "/rowbase" } else { "" },
+                if self.fold.in_registers {
                     "/regfold"
                 } else {
                     ""
@@ -268,8 +257,8 @@ impl TilePlan {
         .define("MM_STAGES", self.stages)
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)
-        .define("MM_ROW_BASE", u8::from(self.row_base))
-        .define("MM_FOLD_REGS", u8::from(self.fold_in_registers))
+        .define("MM_ROW_BASE", u8::from(self.fold.row_base))
+        .define("MM_FOLD_REGS", u8::from(self.fold.in_registers))
         .define(
             "MM_KSPLIT",
             if self.mma == Mma::Fp8 {
@@ -314,14 +303,16 @@ pub fn kernels() -> Vec<KernelSpec> {
         .flat_map(|plan| {
             // FP8 weights that do not fit one base per row take the per-block specialization, and
             // those with offsets below -5 the decode tables in shared memory.
-            let fp8 = plan.mma == Mma::Fp8;
-            let variants = if fp8 {
-                vec![(true, true), (true, false), (false, true), (false, false)]
+            let folds: &[(bool, bool)] = if plan.mma == Mma::Fp8 {
+                &[(true, true), (true, false), (false, true), (false, false)]
             } else {
-                vec![(false, false)]
+                &[(false, false)]
             };
-            variants.into_iter().map(move |(row_base, regs)| {
-                plan.with_row_base(row_base).with_fold_in_registers(regs)
+            folds.iter().map(move |&(row_base, in_registers)| {
+                plan.with_fold(Fold {
+                    row_base,
+                    in_registers,
+                })
             })
         })
         .map(|plan| plan.spec())
@@ -350,8 +341,7 @@ pub struct DeviceWeights {
     pub num_experts: usize,
     pub n: usize,
     pub k: usize,
-    pub row_base: bool,
-    pub fold_in_registers: bool,
+    pub fold: Fold,
     codes: CudaSlice<u8>,
     meta: CudaSlice<u32>,
 }
@@ -363,8 +353,7 @@ impl DeviceWeights {
             num_experts: w.num_experts,
             n: w.n,
             k: w.k,
-            row_base: w.row_base,
-            fold_in_registers: w.fold_in_registers,
+            fold: w.fold,
             codes: gpu.upload(&w.codes)?,
             meta: gpu.upload(&w.meta)?,
         })
@@ -519,13 +508,10 @@ impl GemmCore {
                 weights: weights.mma,
             });
         }
-        if self.plan.fold_in_registers && !weights.fold_in_registers {
-            return Err(GemmError::FoldInRegisters);
-        }
-        if weights.row_base != self.plan.row_base {
-            return Err(GemmError::RowBaseMismatch {
-                core: self.plan.row_base,
-                weights: weights.row_base,
+        if weights.fold != self.plan.fold {
+            return Err(GemmError::FoldMismatch {
+                core: self.plan.fold,
+                weights: weights.fold,
             });
         }
         let elem = self.plan.mma.act_elem();
@@ -635,6 +621,25 @@ mod tests {
         assert!(parse_route("g128").is_err());
         assert!(parse_route("g128/fp16").is_err());
         assert_eq!(format!("{:<5}|", Mma::Fp8), "fp8  |");
+    }
+
+    #[test]
+    fn folds_belong_to_the_fp8_route() {
+        let all = Fold {
+            row_base: true,
+            in_registers: true,
+        };
+        assert_eq!(TilePlan::new(Mma::Fp8, 32).unwrap().fold, all);
+        assert_eq!(TilePlan::new(Mma::Bf16, 32).unwrap().fold, Fold::default());
+        assert_eq!(
+            TilePlan::new(Mma::Bf16, 32).unwrap().with_fold(all).fold,
+            Fold::default()
+        );
+        let names: std::collections::HashSet<String> =
+            kernels().into_iter().map(|s| s.name).collect();
+        assert!(names.contains("megamoe-kernel/sm90_moe_gemm/fp8/bn16/cta2/k128"));
+        assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1"));
+        assert_eq!(names.len(), 4 * 4 + 5, "four folds per FP8 tile, one per BF16 tile");
     }
 
     #[test]

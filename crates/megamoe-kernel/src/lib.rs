@@ -10,7 +10,7 @@ pub mod transform;
 pub mod unfused;
 
 pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TilePlan};
-pub use transform::{GemmWeights, TransformError, transform_weights};
+pub use transform::{Fold, GemmWeights, TransformError, transform_weights};
 pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
 
 /// Every kernel specialization of this crate (the grouped GEMM's and the unfused pipeline's glue),

@@ -58,6 +58,18 @@ pub enum TransformError {
     },
 }
 
+/// How the FP8 route's weights fold their per-32 scales, as [`transform_weights`] found them; a
+/// GEMM specialization is compiled for one fold (`TilePlan::with_fold`). Both off on the BF16
+/// route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Fold {
+    /// Every row has one fold base over all of K (the promotion then skips the base).
+    pub row_base: bool,
+    /// Every fold offset is at least `fold::MIN_NORMAL_OFFSET` (a row's scales span at most 11
+    /// binades around its base), so the decode tables are computed in registers.
+    pub in_registers: bool,
+}
+
 /// Expert weights in the grouped GEMM's layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GemmWeights {
@@ -67,11 +79,8 @@ pub struct GemmWeights {
     pub n: usize,
     /// Reduction length: H for L1, I for L2.
     pub k: usize,
-    /// FP8: every row has one fold base over all of K (see `transform_weights`).
-    pub row_base: bool,
-    /// FP8: every fold offset is at least `fold::MIN_NORMAL_OFFSET` (a row's scales span at most 11
-    /// binades around its base), so the decode tables are computed in registers.
-    pub fold_in_registers: bool,
+    /// How the FP8 route's scales fold (the GEMM specialization must match it).
+    pub fold: Fold,
     /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
     pub codes: Vec<u8>,
     /// `[E][n/128][k/128][128]`.
@@ -154,7 +163,7 @@ pub fn transform_weights(
     // FP8: every offset d (nibble d + 8) at least MIN_NORMAL_OFFSET lets the kernel build its decode
     // tables in registers instead of loading them from shared memory.
     let min_nibble = (fold::MIN_NORMAL_OFFSET - fold::MIN_OFFSET) as u32;
-    let fold_in_registers = mma == Mma::Fp8
+    let in_registers = mma == Mma::Fp8
         && meta
             .par_iter()
             .all(|m| (0..4).all(|j| (m >> (4 * j)) & 0xf >= min_nibble));
@@ -163,8 +172,10 @@ pub fn transform_weights(
         num_experts,
         n,
         k,
-        row_base: row_max.is_some(),
-        fold_in_registers,
+        fold: Fold {
+            row_base: row_max.is_some(),
+            in_registers,
+        },
         codes,
         meta,
     })

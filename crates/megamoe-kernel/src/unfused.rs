@@ -19,6 +19,9 @@
 //! destination row of every (token, slot) pair of a source ([`routes`]), and the symmetric
 //! buffer's [`PeerLayout`] with the peer table derived from the ranks' bases.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
@@ -27,6 +30,7 @@ use crate::gemm::{
     DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan,
 };
 use crate::problem::POOL_ROW_ALIGN;
+use crate::transform::Fold;
 use crate::transform::{BLOCK_K, GemmWeights};
 
 /// Threads per CTA of every glue kernel (`mm::unfused::kThreads`).
@@ -655,7 +659,8 @@ pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
     glue: GlueKernels,
-    cores: Vec<Option<GemmCore>>,
+    /// GEMM cores by (tokens per tile, fold), compiled on first use.
+    cores: HashMap<(usize, Fold), GemmCore>,
     w1: DeviceWeights,
     w2: DeviceWeights,
     /// Where the L1 pool, its scales, the RowMeta `[pool_rows]` and the combine buffer lie in
@@ -739,7 +744,7 @@ impl Pipeline {
             shape,
             rank,
             glue,
-            cores: (0..4 * TOKEN_TILES.len()).map(|_| None).collect(),
+            cores: HashMap::new(),
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
             layout,
@@ -939,28 +944,25 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Compiles, once, the GEMM core for `bn`-token tiles and the layer's weights (w1 and w2 may
+    /// fold differently); returns its key in `cores`.
     fn core(
         &mut self,
         gpu: &Gpu,
         jit: &Jit,
         bn: usize,
         layer_is_l1: bool,
-    ) -> Result<usize, UnfusedError> {
-        // One core per (tile, fold mode): w1 and w2 may differ in the latter.
-        let weights = if layer_is_l1 { &self.w1 } else { &self.w2 };
-        let (row_base, in_registers) = (weights.row_base, weights.fold_in_registers);
-        let tile = TOKEN_TILES
-            .iter()
-            .position(|&t| t == bn)
-            .expect("a listed tile");
-        let slot = 4 * tile + 2 * usize::from(row_base) + usize::from(in_registers);
-        if self.cores[slot].is_none() {
-            let plan = TilePlan::new(self.shape.mma, bn)?
-                .with_row_base(row_base)
-                .with_fold_in_registers(in_registers);
-            self.cores[slot] = Some(GemmCore::new(gpu, jit, plan)?);
+    ) -> Result<(usize, Fold), UnfusedError> {
+        let fold = if layer_is_l1 {
+            self.w1.fold
+        } else {
+            self.w2.fold
+        };
+        if let Entry::Vacant(slot) = self.cores.entry((bn, fold)) {
+            let plan = TilePlan::new(self.shape.mma, bn)?.with_fold(fold);
+            slot.insert(GemmCore::new(gpu, jit, plan)?);
         }
-        Ok(slot)
+        Ok((bn, fold))
     }
 
     /// The GEMM's token tile for this forward's pool.
@@ -979,7 +981,7 @@ impl Pipeline {
             return Ok(());
         }
         let bn = self.tokens_per_tile();
-        let slot = self.core(gpu, jit, bn, !second)?;
+        let key = self.core(gpu, jit, bn, !second)?;
         let plan = self.plan.as_ref().expect("plan");
         let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
         let (act, sf, weights, out) = if second {
@@ -1011,10 +1013,7 @@ impl Pipeline {
             expert_offset_dev: offsets_dev,
             expert_rows_dev: rows_dev,
         };
-        self.cores[slot]
-            .as_ref()
-            .expect("compiled")
-            .run(gpu, weights, &pool, out)?;
+        self.cores[&key].run(gpu, weights, &pool, out)?;
         Ok(())
     }
 

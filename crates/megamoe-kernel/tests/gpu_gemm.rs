@@ -73,13 +73,13 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     // (A deep block leaves the row's base mode to the rest of the row's scales.)
     if !deep_block {
         assert_eq!(
-            transformed.row_base,
+            transformed.fold.row_base,
             mma == Mma::Fp8 && !wide_rows,
             "fold base mode"
         );
     }
     assert_eq!(
-        transformed.fold_in_registers,
+        transformed.fold.in_registers,
         mma == Mma::Fp8 && !deep_block,
         "fold tables in registers"
     );
@@ -92,10 +92,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
             hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64,
         )
     });
-    let plan = TilePlan::new(mma, bn)
-        .unwrap()
-        .with_row_base(transformed.row_base)
-        .with_fold_in_registers(transformed.fold_in_registers);
+    let plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
     let core = GemmCore::new(gpu, jit, plan).unwrap();
 
     let sf_stride = pool.sf_stride(bn);
@@ -162,7 +159,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         }
     }
     let diff = calc_diff(&got, &want);
-    let base = match (plan.row_base, plan.fold_in_registers) {
+    let base = match (plan.fold.row_base, plan.fold.in_registers) {
         (true, true) => "row base, reg tables",
         (true, false) => "row base, smem tables",
         (false, true) => "block base, reg tables",
