@@ -639,7 +639,11 @@ mod tests {
             kernels().into_iter().map(|s| s.name).collect();
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/fp8/bn16/cta2/k128"));
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1"));
-        assert_eq!(names.len(), 4 * 4 + 5, "four folds per FP8 tile, one per BF16 tile");
+        assert_eq!(
+            names.len(),
+            4 * 4 + 5,
+            "four folds per FP8 tile, one per BF16 tile"
+        );
     }
 
     #[test]
