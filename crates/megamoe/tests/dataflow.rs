@@ -262,6 +262,19 @@ fn routings_the_buffer_cannot_hold_are_refused_before_running() {
     );
 }
 
+/// Inputs and L1 weights at their largest finite values, so that every L1 sum overflows (without
+/// a clamp, the run must fail on the non-finite L1 output).
+fn overflow_l1(p: &mut Problem) {
+    for x in &mut p.inputs {
+        x.x.fill(0x7e); // 448
+        x.x_sf.fill(127 + 100);
+    }
+    for w in &mut p.weights {
+        w.w1.fill(0x77); // 6, 6
+        w.w1_sf.fill(127 + 20);
+    }
+}
+
 /// One engine, one set of buffers, many calls, as the kernel's symmetric buffer serves call after
 /// call: every call copies its inputs in and must find the counters reset and the barrier words
 /// settled by the call before — different token counts, ranks without tokens, a hot expert, and
@@ -310,14 +323,7 @@ fn one_engine_serves_many_calls() {
     check(&hot);
     // Sums that overflow fail the call; the next one still matches the reference.
     let mut bad = plain(9, 0.0);
-    for x in &mut bad.inputs {
-        x.x.fill(0x7e); // 448
-        x.x_sf.fill(127 + 100);
-    }
-    for w in &mut bad.weights {
-        w.w1.fill(0x77); // 6, 6
-        w.w1_sf.fill(127 + 20);
-    }
+    overflow_l1(&mut bad);
     let err = engine.forward(&bad.weights, &bad.inputs).unwrap_err();
     assert!(matches!(err, EngineError::NonFiniteL1 { .. }), "{err}");
     check(&full);
@@ -329,14 +335,7 @@ fn one_engine_serves_many_calls() {
 #[test]
 fn non_finite_l1_output_fails_the_run() {
     let mut p = tiny_problem(2, 3, Recipe::Mx32, None, 0.0);
-    for x in &mut p.inputs {
-        x.x.fill(0x7e); // 448
-        x.x_sf.fill(127 + 100);
-    }
-    for w in &mut p.weights {
-        w.w1.fill(0x77); // 6, 6
-        w.w1_sf.fill(127 + 20);
-    }
+    overflow_l1(&mut p);
     p.validate().unwrap(); // every value is finite; only the sums overflow
     let err =
         dataflow::forward(&p.config, &p.weights, &p.inputs, EngineOptions::default()).unwrap_err();
