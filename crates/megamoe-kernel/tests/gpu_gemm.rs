@@ -46,6 +46,31 @@ struct Case<'a> {
     deep_block: bool,
 }
 
+impl<'a> Case<'a> {
+    /// The plan's tile choice, the ends of large experts checked, canonical scales.
+    fn new(
+        recipe: Recipe,
+        mma: Mma,
+        expert_rows: &'a [usize],
+        n: usize,
+        k: usize,
+        seed: u64,
+    ) -> Self {
+        Case {
+            recipe,
+            mma,
+            tokens_per_tile: None,
+            expert_rows,
+            n,
+            k,
+            seed,
+            check_stride: None,
+            wide_rows: false,
+            deep_block: false,
+        }
+    }
+}
+
 /// Runs one case; returns (calc_diff over the checked rows, BF16 values that differ from the reference).
 fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let Case {
@@ -188,16 +213,9 @@ fn every_tile(expert_rows: &[usize], n: usize, seed: u64, check_stride: Option<u
                 &gpu,
                 &jit,
                 Case {
-                    recipe,
-                    mma,
                     tokens_per_tile: Some(bn),
-                    expert_rows,
-                    n,
-                    k: 384,
-                    seed: seed + bn as u64,
                     check_stride,
-                    wide_rows: false,
-                    deep_block: false,
+                    ..Case::new(recipe, mma, expert_rows, n, 384, seed + bn as u64)
                 },
             );
             assert!(diff <= 1e-5, "{recipe}/{mma} bn {bn}: calc_diff {diff:e}");
@@ -221,22 +239,7 @@ fn skewed_and_odd_shapes_match_the_reference() {
             (&[1, 0, 0, 2][..], 128, 128),
             (&[300, 299, 1][..], 640, 1152),
         ] {
-            let (diff, _) = run(
-                &gpu,
-                &jit,
-                Case {
-                    recipe,
-                    mma,
-                    tokens_per_tile: None,
-                    expert_rows: rows,
-                    n,
-                    k,
-                    seed: 42,
-                    check_stride: None,
-                    wide_rows: false,
-                    deep_block: false,
-                },
-            );
+            let (diff, _) = run(&gpu, &jit, Case::new(recipe, mma, rows, n, k, 42));
             assert!(
                 diff <= 1e-5,
                 "{recipe}/{mma} {rows:?} {n}x{k}: calc_diff {diff:e}"
@@ -259,22 +262,7 @@ fn preset_shapes_match_the_reference() {
     for (recipe, mma) in ROUTES {
         for (name, h, i) in presets {
             for (layer, n, k) in [("L1", 2 * i, h), ("L2", h, i)] {
-                let (diff, _) = run(
-                    &gpu,
-                    &jit,
-                    Case {
-                        recipe,
-                        mma,
-                        tokens_per_tile: None,
-                        expert_rows: &[3, 70, 0, 33],
-                        n,
-                        k,
-                        seed: 7,
-                        check_stride: None,
-                        wide_rows: false,
-                        deep_block: false,
-                    },
-                );
+                let (diff, _) = run(&gpu, &jit, Case::new(recipe, mma, &[3, 70, 0, 33], n, k, 7));
                 assert!(
                     diff <= 1e-5,
                     "{recipe}/{mma} {name} {layer}: calc_diff {diff:e}"
@@ -294,16 +282,10 @@ fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
                 &gpu,
                 &jit,
                 Case {
-                    recipe: Recipe::G128,
-                    mma: Mma::Fp8,
                     tokens_per_tile: Some(bn),
-                    expert_rows: &[5, 140, 0, 33],
-                    n: 256,
-                    k: 512,
-                    seed: 3,
-                    check_stride: None,
                     wide_rows,
                     deep_block,
+                    ..Case::new(Recipe::G128, Mma::Fp8, &[5, 140, 0, 33], 256, 512, 3)
                 },
             );
             assert!(
