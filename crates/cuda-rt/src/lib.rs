@@ -21,7 +21,7 @@
 //! | [`tma`] | [`TensorMapDesc`] with field-by-field validation ([`TmaError`]) and `cuTensorMapEncodeTiled` → [`TensorMap`] |
 //! | [`peer`] | [`Gpu::enable_peer_access`], [`enable_peer_access_all`] |
 //! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
-//! | [`timing`] | [`GpuTimer`]: CUDA-event timing |
+//! | [`timing`] | CUDA-event timing: [`GpuTimer`] (start/stop), [`timing::EventTrail`] (marks along a stream, the time between any two) |
 //! | [`selftest`] | the kernels this crate tests itself with on a GPU |
 //! | [`testing`] | helpers for GPU tests: [`testing::gpus_or_skip`] |
 //! | [`CUDA_HEADER`] | `cuda/cuda_rt.cuh`: `CUtensorMap` for NVRTC-compiled kernels (cuda.h does not compile under NVRTC) |

@@ -12,17 +12,18 @@ pub struct GpuTimer {
     stop: CudaEvent,
 }
 
+/// An event that records time (cudarc's default flags disable timing).
+fn timing_event(gpu: &Gpu) -> Result<CudaEvent> {
+    gpu.context()
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .call("cuEventCreate")
+}
+
 impl GpuTimer {
     pub fn new(gpu: &Gpu) -> Result<Self> {
-        // cudarc's default flags disable timing.
-        let event = || {
-            gpu.context()
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .call("cuEventCreate")
-        };
         Ok(Self {
-            start: event()?,
-            stop: event()?,
+            start: timing_event(gpu)?,
+            stop: timing_event(gpu)?,
         })
     }
 
@@ -52,11 +53,7 @@ impl EventTrail {
     /// Room for `marks` marks.
     pub fn new(gpu: &Gpu, marks: usize) -> Result<Self> {
         let events = (0..marks)
-            .map(|_| {
-                gpu.context()
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .call("cuEventCreate")
-            })
+            .map(|_| timing_event(gpu))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             events,
