@@ -18,15 +18,18 @@
 //
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
-//          r = 16 * warp + lane / 4 within the warpgroup's 64 rows.
+//          r = 16 * warp + lane / 4 within the warpgroup's 64 rows; k is the pool's channel order
+//          (pool_order.cuh), in which thread-in-quad t's weights all lie in scale block t.
 //     FP8 word: sign-split layout of fp_formats.cuh; elements 0..3 = k 4t..4t+3, 4..7 = k 16+4t..16+4t+3.
 //     BF16 word: pairs A,B,C,D = k (2t,2t+1), (2t+8,2t+9), (16+2t,17+2t), (24+2t,25+2t) placed for the
 //                shift-and-multiply decode (decode_bf16_word; transform.rs's BF16_PAIRS).
-//   meta:  [128 rows] u32. FP8: (d_j + 8) in nibble j, base byte in bits 16..23. BF16: UE8M0 byte j = s_j.
-// Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route), 128-B swizzle, box
-// {128 B, BN}.
+//   meta:  [128 rows] u32. FP8: (d_b + 8) in nibble b, base byte in bits 16..23. BF16: UE8M0 byte b = s_b
+//          (b = scale block of the k128 block).
+// Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
+// 128-B swizzle, box {128 B, BN}.
 // BN (tokens per tile) is 16..128 (FP8) or 16..256 (BF16): accumulators, two FP8 temp sets and two
-// stages of fragments must fit the consumers' 224 registers.
+// stages of fragments must fit the consumers' 224 registers. (FP8 at 256 tokens fits only with
+// 16-token chunks, whose per-chunk work cancels the halved decode per token: measured in SASS.)
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
@@ -72,6 +75,11 @@ struct Layout {
   static constexpr int kTableBytes = 128;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kBarrierBytes + kTableBytes;
+  // Offsets from the aligned base: the barriers and tables are found from it, not kept in registers.
+  static constexpr int kFullAt = kStages * kStageBytes;
+  static constexpr int kEmptyAt = kFullAt + 8 * kStages;
+  static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
+  static constexpr int kTablesAt = kStages * kStageBytes + kBarrierBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
@@ -109,10 +117,12 @@ struct TileWalker {
 };
 
 // ---------------------------------------------------------------- weight decode
+// In pool order (pool_order.cuh) every weight a thread holds in a stage is from scale block t, so a
+// thread needs one decode table (FP8) or multiplier (BF16) per row and stage.
 // FP8: one sign-split word of row r (or r+8) -> E4M3 regs for k 4t.. (lo) and 16+4t.. (hi).
 // kRegs (every offset d >= -5, transform's `fold_in_registers`): the tables are two multiply-adds of
 // the meta nibble d + 8 (FMA pipe, no load on the critical path). Otherwise `fold_table[d + 8]` is
-// fp::e4m3_table(d), built once per CTA in shared memory: one LDS.64 per row and k32 step.
+// fp::e4m3_table(d), built once per CTA in shared memory: one LDS.64 per row and stage.
 template <bool kRegs>
 __device__ __forceinline__ fp::E4m3Table fold_table_at(u32 nibble, const fp::E4m3Table* fold_table) {
   if constexpr (kRegs) {
@@ -121,11 +131,7 @@ __device__ __forceinline__ fp::E4m3Table fold_table_at(u32 nibble, const fp::E4m
     return fold_table[nibble];
   }
 }
-template <bool kRegs>
-__device__ __forceinline__ void decode_fp8(uint2 w, u32 meta_r, u32 meta_r8, int j, const fp::E4m3Table* fold_table,
-                                           u32* a) {
-  const fp::E4m3Table tr = fold_table_at<kRegs>((meta_r >> (4 * j)) & 0xf, fold_table);
-  const fp::E4m3Table tr8 = fold_table_at<kRegs>((meta_r8 >> (4 * j)) & 0xf, fold_table);
+__device__ __forceinline__ void decode_fp8(uint2 w, const fp::E4m3Table& tr, const fp::E4m3Table& tr8, u32* a) {
   fp::e2m1x8_to_e4m3(w.x, tr, a[0], a[2]);
   fp::e2m1x8_to_e4m3(w.y, tr8, a[1], a[3]);
 }
@@ -178,20 +184,20 @@ struct Consumer {
   static constexpr int kAregs = 16;
 
   u8* smem;
-  u64* full;
-  u64* empty;
-  u64* scales_ready;                 // FP8: the stage's scales are floats
-  const fp::E4m3Table* fold_table;  // FP8
   int cw, tid, lane, t, row_r;
   int stage = 0;   // next stage to wait for
   u32 phase = 0;
   int held[2];     // ring stage whose fragments are in parity P
   u32 a[2][kAregs];
   float base[2][2];  // FP8: weight base of rows r, r+8 per parity
-  u32 meta_r, meta_r8;  // BF16: scale bytes of the current stage's rows r, r+8
+  u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
   float tmp[2][kNsub / 2];
   float acc[BN / 2];
 
+  __device__ u64* full(int s) const { return (u64*)(smem + L::kFullAt) + s; }
+  __device__ u64* empty(int s) const { return (u64*)(smem + L::kEmptyAt) + s; }
+  __device__ u64* scales_ready(int s) const { return (u64*)(smem + L::kScalesReadyAt) + s; }  // FP8: floats ready
+  __device__ const fp::E4m3Table* fold_table() const { return (const fp::E4m3Table*)(smem + L::kTablesAt); }
   __device__ u8* stage_act(int s) const { return smem + s * L::kStageBytes; }
   __device__ const uint2* stage_codes(int s) const { return (const uint2*)(smem + s * L::kStageBytes + L::kActBytes); }
   __device__ const u32* stage_meta(int s) const { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); }
@@ -202,25 +208,28 @@ struct Consumer {
   // Waits for the next stage and decodes its weight fragments into parity P.
   template <int P>
   __device__ __forceinline__ void load_stage() {
-    mbar_wait(&full[stage], phase);
-    mbar_wait(&scales_ready[stage], phase);
+    mbar_wait(full(stage), phase);
+    mbar_wait(scales_ready(stage), phase);
     held[P] = stage;
     const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
     const uint2* codes = stage_codes(stage) + cw * 128 + tid;
+    const fp::E4m3Table tr = fold_table_at<kRegs>((meta_r >> (4 * t)) & 0xf, fold_table());
+    const fp::E4m3Table tr8 = fold_table_at<kRegs>((meta_r8 >> (4 * t)) & 0xf, fold_table());
 #pragma unroll
-    for (int j = 0; j < 4; ++j) decode_fp8<kRegs>(codes[j * 256], meta_r, meta_r8, j, fold_table, &a[P][4 * j]);
-    base[P][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
-    base[P][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
+    for (int j = 0; j < 4; ++j) decode_fp8(codes[j * 256], tr, tr8, &a[P][4 * j]);
+    constexpr int kBase = kRowBase ? 0 : P;  // one base per row needs one register pair
+    base[kBase][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
+    base[kBase][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
   // BF16: waits for the next stage; it becomes the current one (held[1] keeps the previous).
   __device__ __forceinline__ void bf16_wait_stage() {
-    mbar_wait(&full[stage], phase);
+    mbar_wait(full(stage), phase);
     held[1] = held[0];
     held[0] = stage;
-    meta_r = stage_meta(stage)[row_r];
-    meta_r8 = stage_meta(stage)[row_r + 8];
+    mult_r = bf16_multiplier(stage_meta(stage)[row_r], t);
+    mult_r8 = bf16_multiplier(stage_meta(stage)[row_r + 8], t);
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
@@ -233,8 +242,8 @@ struct Consumer {
       const int j = 2 * H + jj;
       const uint2 w = codes[j * 256];
       u32* q0 = &a[H][8 * jj];  // k16 step 2jj of the half; step 2jj+1 at +4
-      decode_bf16_word(w.x, bf16_multiplier(meta_r, j), q0[0], q0[2], q0[4], q0[6]);
-      decode_bf16_word(w.y, bf16_multiplier(meta_r8, j), q0[1], q0[3], q0[5], q0[7]);
+      decode_bf16_word(w.x, mult_r, q0[0], q0[2], q0[4], q0[6]);
+      decode_bf16_word(w.y, mult_r8, q0[1], q0[3], q0[5], q0[7]);
     }
   }
 
@@ -252,7 +261,7 @@ struct Consumer {
   template <int P>
   __device__ __forceinline__ void release() {
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[held[P]]);
+    if (lane == 0) mbar_arrive(empty(held[P]));
   }
 
   // FP8: chunk h of the stage in parity P into temp set B.
@@ -401,13 +410,12 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.
   u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-  u64* full = (u64*)(smem + L::kStages * L::kStageBytes);
-  u64* empty = full + L::kStages;
-  u64* scales_ready = empty + L::kStages;
-  // Decode tables, built once per CTA: one shared-memory load per row and k32 step instead of
-  // a computation on the consumers' critical path.
-  u8* tables = smem + L::kStages * L::kStageBytes + L::kBarrierBytes;
-  fp::E4m3Table* fold_table = (fp::E4m3Table*)tables;
+  u64* full = (u64*)(smem + L::kFullAt);
+  u64* empty = (u64*)(smem + L::kEmptyAt);
+  u64* scales_ready = (u64*)(smem + L::kScalesReadyAt);
+  // Decode tables, built once per CTA: one shared-memory load per row and stage instead of a
+  // computation on the consumers' critical path.
+  fp::E4m3Table* fold_table = (fp::E4m3Table*)(smem + L::kTablesAt);
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int k_blocks = p.k / kBlockK;
@@ -479,10 +487,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     setmaxnreg_inc<L::kConsumerRegs>();
     Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit> c;
     c.smem = smem;
-    c.full = full;
-    c.empty = empty;
-    c.scales_ready = scales_ready;
-    c.fold_table = fold_table;
     c.cw = wg - 1;  // which 64 rows of the tile
     c.tid = threadIdx.x % 128;
     c.lane = c.tid % 32;
@@ -493,7 +497,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
 #if MM_PROBE
       // Bandwidth probe: consume each stage untouched, so the time is the load pipeline's alone.
       for (int kb = 0; kb < k_blocks; ++kb) {
-        mbar_wait(&full[c.stage], c.phase);
+        mbar_wait(c.full(c.stage), c.phase);
         c.held[0] = c.stage;
         c.template release<0>();
         if (++c.stage == L::kStages) { c.stage = 0; c.phase ^= 1; }

@@ -15,9 +15,11 @@
 //                      its own experts computed it.
 // Specialized with -DUF_G=<32|128> (the recipe's activation group) and -DUF_FP8_POOL=<0|1> (the GEMM's
 // tensor-core route). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
-// (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group.
+// (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the
+// GEMM's pool channel order (pool_order.cuh).
 #pragma once
 #include "fp_formats.cuh"
+#include "pool_order.cuh"
 
 #if UF_FP8_POOL && UF_G != 128
 #error "the FP8 pool carries one scale per 128 channels"
@@ -119,24 +121,35 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const int h = p.hidden;
   const u8* src = p.x + (size_t)t * h;
   const u8* src_sf = p.x_sf + (size_t)t * (h / UF_G);
+  // Each thread moves the 16 pool-order channels at c: four canonical 4-byte words, one of each
+  // scale block of the 128-channel block (four 4-byte loads, 16-byte stores to the owner).
 #if UF_FP8_POOL
   u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
-  for (int c = first_channel(16); c < h; c += channel_stride(16))
-    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+  for (int c = first_channel(16); c < h; c += channel_stride(16)) {
+    const u8* block = src + (c & ~127);
+    u32 w[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
+    *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
   u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
   for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
 #else
-  // 16 channels (one 16-byte load, one scale: G is 32 or 128) -> two 16-byte stores per thread.
+  // ... widened to BF16 with each word's own scale (G is 32 or 128): two 16-byte stores.
   u16* dst = reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h;
   for (int c = first_channel(16); c < h; c += channel_stride(16)) {
-    const uint4 q = *reinterpret_cast<const uint4*>(src + c);
-    const float scale = fp::ue8m0_decode(src_sf[c / UF_G]);
-    const u32 words[4] = {q.x, q.y, q.z, q.w};
-    u32 w[8];
+    const int block = c & ~127;
+    u32 lo[4], hi[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = widen2(words[i / 2] >> (16 * (i & 1)), scale);
-    *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
-    *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(w[4], w[5], w[6], w[7]);
+    for (int b = 0; b < 4; ++b) {
+      const int from = block + pool_order::unit_source_byte((c & 127) / 16, b);
+      const u32 q = *reinterpret_cast<const u32*>(src + from);
+      const float scale = fp::ue8m0_decode(src_sf[from / UF_G]);
+      lo[b] = widen2(q, scale);
+      hi[b] = widen2(q >> 16, scale);
+    }
+    *reinterpret_cast<uint4*>(dst + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
   }
 #endif
   if (blockIdx.y == 0 && threadIdx.x == 0) {
@@ -173,7 +186,6 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
   const int row = blockIdx.x;
   const RowMeta m = p.meta[row];
   if (m.token < 0) return;
-  const int lane = threadIdx.x & 31;
   const int inter = p.inter;
   const u16* gate = p.l1_out + (size_t)row * 2 * inter;
   const u16* up = gate + inter;
@@ -205,15 +217,18 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
     u32 word = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
-    *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + c0) = word;
-    if (lane % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / UF_G) * p.sf_stride + row] = (u8)biased;
+    const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
+    *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
+    if (threadIdx.x % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / UF_G) * p.sf_stride + row] = (u8)biased;
 #else
     const float scale = fp::pow2((int)biased - 127);
     u32 out[2];
 #pragma unroll
     for (int i = 0; i < kPer; i += 2)
       out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
-    *reinterpret_cast<uint2*>(reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + c0) = make_uint2(out[0], out[1]);
+    u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
 #endif
   }
 }

@@ -5,6 +5,7 @@
 //! unfused and fused pipelines, and the unfused pipeline's glue kernels ([`unfused`]).
 
 pub mod gemm;
+pub mod pool_order;
 pub mod problem;
 pub mod transform;
 pub mod unfused;
@@ -22,8 +23,9 @@ pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
 }
 
 /// Device sources of this crate, for the JIT's in-memory include tree.
-pub const CUDA_HEADERS: [(&str, &str); 2] = [
+pub const CUDA_HEADERS: [(&str, &str); 3] = [
     ("sm90_ptx.cuh", include_str!("../cuda/sm90_ptx.cuh")),
+    pool_order::CUDA_HEADER,
     (
         "sm90_moe_gemm.cuh",
         include_str!("../cuda/sm90_moe_gemm.cuh"),

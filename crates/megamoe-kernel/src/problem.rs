@@ -11,6 +11,7 @@ use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
 
 use crate::gemm::Mma;
+use crate::pool_order;
 use crate::transform::BLOCK_K;
 
 /// Expert pools start at multiples of this many rows (the GEMM's scale loads need 16-B alignment).
@@ -155,13 +156,20 @@ impl ActPool {
         (self.rows + max_tile).next_multiple_of(POOL_ROW_ALIGN)
     }
 
-    /// The pool as the GEMM of route `mma` reads it: the activations (BF16 widened, or E4M3) and,
-    /// for FP8, the scales UE8M0 `[k/128][sf_stride]`, MN-major. FP8 needs a g128 pool.
+    /// The pool as the GEMM of route `mma` reads it: the activations (BF16 widened, or E4M3) in
+    /// the pool's channel order ([`pool_order`]) and, for FP8, the scales UE8M0 `[k/128][sf_stride]`,
+    /// MN-major. FP8 needs a g128 pool.
     pub fn device_image(&self, mma: Mma, sf_stride: usize) -> (Vec<u8>, Option<Vec<u8>>) {
-        match mma {
-            Mma::Bf16 => (self.widened(), None),
-            Mma::Fp8 => (self.q.clone(), Some(self.fp8_scales(sf_stride))),
-        }
+        let natural = match mma {
+            Mma::Bf16 => self.widened(),
+            Mma::Fp8 => self.q.clone(),
+        };
+        let row_bytes = self.k * mma.act_elem();
+        let mut act = vec![0u8; natural.len()];
+        act.par_chunks_mut(row_bytes)
+            .zip(natural.par_chunks(row_bytes))
+            .for_each(|(out, row)| pool_order::permute_row(mma, row, out));
+        (act, (mma == Mma::Fp8).then(|| self.fp8_scales(sf_stride)))
     }
 
     fn fp8_scales(&self, sf_stride: usize) -> Vec<u8> {

@@ -8,6 +8,7 @@
 use fp_formats::{fold, pack};
 
 use crate::gemm::Mma;
+use crate::pool_order;
 use rayon::prelude::*;
 
 /// Weight rows per GEMM tile and K per pipeline stage (the kernel's `kTileRows`, `kBlockK`).
@@ -291,8 +292,10 @@ impl Block<'_> {
         Ok(())
     }
 
-    /// Codes in consumer order: [k32 step j][warpgroup][thread] x {word of row r, word of row r+8}.
+    /// Codes in consumer order: [k32 step j][warpgroup][thread] x {word of row r, word of row r+8},
+    /// k in the pool's channel order.
     fn write_codes(&self, out: &mut [u8]) {
+        let code = |r: usize, k: usize| self.code(r, pool_order::canonical_channel(self.mma, k));
         for j in 0..4 {
             for wg in 0..2 {
                 for tid in 0..128 {
@@ -301,8 +304,8 @@ impl Block<'_> {
                     let at = ((j * 2 + wg) * 128 + tid) * 8;
                     for (half, r) in [row, row + 8].into_iter().enumerate() {
                         let word = match self.mma {
-                            Mma::Fp8 => fp8_word(|c| self.code(r, 32 * j + c), t),
-                            Mma::Bf16 => bf16_word(|c| self.code(r, 32 * j + c), t),
+                            Mma::Fp8 => fp8_word(|c| code(r, 32 * j + c), t),
+                            Mma::Bf16 => bf16_word(|c| code(r, 32 * j + c), t),
                         };
                         out[at + 4 * half..at + 4 * half + 4].copy_from_slice(&word.to_le_bytes());
                     }
@@ -393,20 +396,19 @@ mod tests {
                             let row = wg * 64 + warp * 16 + g + 8 * half;
                             let at = chunk * CODE_BYTES + ((j * 2 + wg) * 128 + tid) * 8 + 4 * half;
                             let word = u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap());
+                            // The kernel decodes all of a thread's words with scale block tq's offset.
                             let m = t.meta[chunk * TILE_ROWS + row];
-                            let d = ((m >> (4 * j)) & 0xf) as i32 - 8;
+                            let d = ((m >> (4 * tq)) & 0xf) as i32 - 8;
                             let base = ue8m0::decode(((m >> 16) & 0xff) as u8);
                             for (i, byte) in fold::decode_sign_split_word(word, d)
                                 .into_iter()
                                 .enumerate()
                             {
                                 let col = kb * BLOCK_K
-                                    + 32 * j
-                                    + if i < 4 {
-                                        4 * tq + i
-                                    } else {
-                                        16 + 4 * tq + i - 4
-                                    };
+                                    + pool_order::canonical_channel(
+                                        Mma::Fp8,
+                                        32 * j + if i < 4 { 4 * tq + i } else { 12 + 4 * tq + i },
+                                    );
                                 let want =
                                     canonical(&w, &sf, n, k, ex, tile * TILE_ROWS + row, col);
                                 assert_eq!(
@@ -437,6 +439,49 @@ mod tests {
         let sign = half(shift(w, sign_shift)) & 0x8000;
         let value = f64::from(fp_formats::bf16::from_bits((mag | sign) as u16).to_f32());
         value * f64::from(scale as i32 - 1).exp2()
+    }
+
+    /// The BF16 route's counterpart of `fp8_fragments_hold_the_exact_weights`: every pair of every
+    /// word, decoded with the multiplier of the thread's scale block, is its canonical weight.
+    #[test]
+    fn bf16_fragments_hold_the_exact_weights() {
+        let (e, n, k) = (2, 128, 256);
+        let (w, sf) = random_weights(e, n, k, BF16_SCALE_RANGE.0..=BF16_SCALE_RANGE.1, 4);
+        let t = transform_weights(Mma::Bf16, &w, &sf, e, n, k).unwrap();
+        for chunk in 0..e * t.tiles() * t.k_blocks() {
+            let (ex, tile, kb) = (
+                chunk / (t.tiles() * t.k_blocks()),
+                chunk / t.k_blocks() % t.tiles(),
+                chunk % t.k_blocks(),
+            );
+            for j in 0..4 {
+                for tid in 0..256 {
+                    let (wg, warp, g, tq) = (tid / 128, tid % 128 / 32, (tid % 32) / 4, tid % 4);
+                    for half in 0..2 {
+                        let row = wg * 64 + warp * 16 + g + 8 * half;
+                        let at = chunk * CODE_BYTES + (j * 256 + tid) * 8 + 4 * half;
+                        let word = u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap());
+                        let scale = t.meta[chunk * TILE_ROWS + row].to_le_bytes()[tq];
+                        for (p, dk) in BF16_PAIR_K.into_iter().enumerate() {
+                            for el in 0..2 {
+                                let col = kb * BLOCK_K
+                                    + pool_order::canonical_channel(
+                                        Mma::Bf16,
+                                        32 * j + dk + 2 * tq + el,
+                                    );
+                                let want =
+                                    canonical(&w, &sf, n, k, ex, tile * TILE_ROWS + row, col);
+                                assert_eq!(
+                                    bf16_decode(word, scale, p, el),
+                                    f64::from(want),
+                                    "expert {ex} row {row} col {col}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -464,6 +464,7 @@ pub fn glue_spec(recipe: Recipe, mma: Mma) -> KernelSpec {
     )
     .header(fp_formats::CUDA_HEADER)
     .header(UNFUSED_HEADER)
+    .header(crate::pool_order::CUDA_HEADER)
     .define("UF_G", recipe.group())
     .define("UF_FP8_POOL", u8::from(mma == Mma::Fp8))
     .no_spill()
