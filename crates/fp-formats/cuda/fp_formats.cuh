@@ -137,10 +137,13 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
   return r;
 }
 
-// One sign-split word (8 weights) -> E4M3 bytes of elements 0..3 (lo) and 4..7 (hi).
+// One sign-split word (8 weights) -> E4M3 bytes of elements 0..3 (lo) and 4..7 (hi). prmt reads only
+// the low 16 bits of its selector, so one mask serves both halves, and the two shifts are integer
+// multiplies: five ALU-pipe operations per word (masks, lookups, sign merges), two on the FMA pipe.
 __device__ __forceinline__ void e2m1x8_to_e4m3(u32 w, E4m3Table t, u32& lo, u32& hi) {
-  lo = prmt(t.lo, t.hi, w & 0x7777u) | (w & 0x80808080u);
-  hi = prmt(t.lo, t.hi, (w >> 16) & 0x7777u) | ((w << 4) & 0x80808080u);
+  const u32 magnitudes = w & 0x77777777u;
+  lo = prmt(t.lo, t.hi, magnitudes) | (w & 0x80808080u);
+  hi = prmt(t.lo, t.hi, __umulhi(magnitudes, 0x10000u)) | ((w * 16u) & 0x80808080u);
 }
 
 // Host-layout helper for tests and transforms: eight E2M1 codes (code i = element i) -> sign-split word.

@@ -154,7 +154,7 @@ __device__ __forceinline__ u32 bf16_multiplier(u32 scales, int j) {
 __device__ __forceinline__ void decode_bf16_word(u32 w, u32 mult, u32& pa, u32& pb, u32& pc, u32& pd) {
   constexpr u32 kMag = 0x01c001c0u, kSign = 0x80008000u;
   pa = mul_bf16x2(w & kMag, mult ^ ((w << 4) & kSign));
-  pb = mul_bf16x2((w >> 7) & kMag, mult ^ ((w << 5) & kSign));
+  pb = mul_bf16x2(__umulhi(w, 1u << 25) & kMag, mult ^ ((w << 5) & kSign));  // w >> 7 on the FMA pipe
   pc = mul_bf16x2((w << 3) & (kMag | kSign), mult);
   pd = mul_bf16x2((w << 6) & (kMag | kSign), mult);
 }
@@ -198,6 +198,10 @@ struct Consumer {
   __device__ u64* empty(int s) const { return (u64*)(smem + L::kEmptyAt) + s; }
   __device__ u64* scales_ready(int s) const { return (u64*)(smem + L::kScalesReadyAt) + s; }  // FP8: floats ready
   __device__ const fp::E4m3Table* fold_table() const { return (const fp::E4m3Table*)(smem + L::kTablesAt); }
+  // WGMMA descriptor of stage s's activations: stage 0's plus whole stages (one 64-bit add, not a
+  // descriptor rebuilt from the address per stage).
+  u64 act_desc0;
+  __device__ u64 act_desc(int s) const { return act_desc0 + (u64)(s * (L::kStageBytes >> 4)); }
   __device__ u8* stage_act(int s) const { return smem + s * L::kStageBytes; }
   __device__ const uint2* stage_codes(int s) const { return (const uint2*)(smem + s * L::kStageBytes + L::kActBytes); }
   __device__ const u32* stage_meta(int s) const { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); }
@@ -251,7 +255,7 @@ struct Consumer {
   template <int H>
   __device__ __forceinline__ void bf16_issue_half() {
     wg_fence();
-    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[0]))) + H * (BN * 128 / 16);
+    const u64 desc = act_desc(held[0]) + H * (BN * 128 / 16);
 #pragma unroll
     for (int q = 0; q < 4; ++q) mma_bf16_rs<BN>(acc, &a[H][4 * q], desc + 2 * q, 1);  // 32 B per k16
     wg_commit();
@@ -271,7 +275,7 @@ struct Consumer {
     for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
     const int first = (h % kKSplit) * kStepsPerChunk;
-    const u64 desc = desc_k_sw128(smem_addr(stage_act(held[P]))) + (h / kKSplit) * kNsub * 8;
+    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kNsub * 8;
 #pragma unroll
     for (int j = 0; j < kStepsPerChunk; ++j)
       mma_fp8_rs<kNsub>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
@@ -487,6 +491,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     setmaxnreg_inc<L::kConsumerRegs>();
     Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit> c;
     c.smem = smem;
+    c.act_desc0 = desc_k_sw128(smem_addr(smem));
     c.cw = wg - 1;  // which 64 rows of the tile
     c.tid = threadIdx.x % 128;
     c.lane = c.tid % 32;
