@@ -154,7 +154,7 @@ __device__ __forceinline__ u32 bf16_multiplier(u32 scales, int j) {
 __device__ __forceinline__ void decode_bf16_word(u32 w, u32 mult, u32& pa, u32& pb, u32& pc, u32& pd) {
   constexpr u32 kMag = 0x01c001c0u, kSign = 0x80008000u;
   pa = mul_bf16x2(w & kMag, mult ^ ((w << 4) & kSign));
-  pb = mul_bf16x2(__umulhi(w, 1u << 25) & kMag, mult ^ ((w << 5) & kSign));  // w >> 7 on the FMA pipe
+  pb = mul_bf16x2((w >> 7) & kMag, mult ^ ((w << 5) & kSign));
   pc = mul_bf16x2((w << 3) & (kMag | kSign), mult);
   pd = mul_bf16x2((w << 6) & (kMag | kSign), mult);
 }
@@ -174,9 +174,14 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit>
 struct Consumer {
   using L = Layout<BN, kFp8, kCtas>;
-  // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers),
-  // 16 with two CTAs per SM (96 registers).
-  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
+  // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers); with
+  // two CTAs per SM (96 registers) 16, or a whole 32-token tile with the default fold (one base per
+  // row, tables in registers), the only one that fits it without spilling.
+  static constexpr int kNsub = !kFp8                ? BN
+                               : kCtas == 2         ? (BN == 32 && kRowBase && kRegs ? 32 : 16)
+                               : BN <= 64           ? BN
+                               : kKSplit == 1       ? 64
+                                                    : 32;
   static constexpr int kChunks = BN / kNsub * kKSplit;  // chunk h: sub-tile h / kKSplit, k part h % kKSplit
   static constexpr int kStepsPerChunk = 4 / kKSplit;     // k32 steps
   // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
