@@ -363,11 +363,14 @@ struct Consumer {
   // are not in a tile's epilogue (and its restart) at the same time and the tensor core keeps one
   // of them busy there (2026-11-30: ~2.6 us per tile boundary with both idle). Warpgroup 0 lets
   // it go after its first trip; the ring must hold the lead on top of what each warpgroup keeps.
-  // `lead` marks warpgroup 0's first tile (a predicate, not a register kept across tiles).
   static constexpr bool kStagger = L::kStages >= 6 && !MM_PROBE;
   static constexpr u32 kStaggerBarrier = 1;
-  __device__ __forceinline__ void let_follower_go(bool lead) {
-    if (kStagger && lead) named_bar_arrive(kStaggerBarrier, 256);
+  bool lead_pending;  // warpgroup 0 until it has let warpgroup 1 go
+  __device__ __forceinline__ void let_follower_go() {
+    if (kStagger && lead_pending) {
+      named_bar_arrive(kStaggerBarrier, 256);
+      lead_pending = false;
+    }
   }
   __device__ __forceinline__ void follow() {
     if (kStagger && cw == 1) named_bar_sync(kStaggerBarrier, 256);
@@ -376,7 +379,7 @@ struct Consumer {
   // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block). Stages go in
   // trips of two (parity 0, 1); FP8 drains its pipeline at the end of every trip, because ptxas
   // serializes all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
-  __device__ __forceinline__ void mainloop(int k_blocks, bool lead) {
+  __device__ __forceinline__ void mainloop(int k_blocks) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
       acc[i] = 0.0f;
@@ -391,7 +394,7 @@ struct Consumer {
         fp8_stage<1>();
         if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
         fp8_drain<1>();
-        let_follower_go(lead && kb == 0);
+        let_follower_go();
       }
       if (kb < k_blocks) {  // an odd last stage, in parity 0
         fp8_stage<0>();
@@ -417,12 +420,11 @@ struct Consumer {
           bf16_wait_stage();
           bf16_decode_half<0>();
         }
-        let_follower_go(lead && kb == 1);
+        if (kb >= 1) let_follower_go();
       }
       wg_wait<0>();
       release<0>();
     }
-    let_follower_go(lead && k_blocks < 2);  // a tile shorter than a trip
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
   }
@@ -519,10 +521,10 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     c.lane = c.tid % 32;
     c.t = c.lane % 4;
     c.row_r = c.cw * 64 + (c.tid / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
+    c.lead_pending = c.cw == 0;
     c.follow();
     int e, nt, mb;
-    int tile = blockIdx.x;
-    for (; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+    for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
 #if MM_PROBE
       // Bandwidth probe: consume each stage untouched, so the time is the load pipeline's alone.
       for (int kb = 0; kb < k_blocks; ++kb) {
@@ -532,7 +534,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         if (++c.stage == L::kStages) { c.stage = 0; c.phase ^= 1; }
       }
 #else
-      c.mainloop(k_blocks, c.cw == 0 && tile == (int)blockIdx.x);
+      c.mainloop(k_blocks);
+      c.let_follower_go();  // a tile shorter than a trip
 #endif
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
@@ -549,7 +552,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         }
       }
     }
-    c.let_follower_go(c.cw == 0 && tile == (int)blockIdx.x);  // no tiles at all
+    c.let_follower_go();  // no tiles at all
   }
 }
 
