@@ -359,23 +359,6 @@ struct Consumer {
     release<P>();
   }
 
-  // Staggered warpgroups: warpgroup 1 starts a trip behind warpgroup 0 and stays behind, so the two
-  // are not in a tile's epilogue (and its restart) at the same time and the tensor core keeps one
-  // of them busy there (2026-11-30: ~2.6 us per tile boundary with both idle). Warpgroup 0 lets
-  // it go after its first trip; the ring must hold the lead on top of what each warpgroup keeps.
-  static constexpr bool kStagger = L::kStages >= 6 && !MM_PROBE;
-  static constexpr u32 kStaggerBarrier = 1;
-  bool lead_pending;  // warpgroup 0 until it has let warpgroup 1 go
-  __device__ __forceinline__ void let_follower_go() {
-    if (kStagger && lead_pending) {
-      named_bar_arrive(kStaggerBarrier, 256);
-      lead_pending = false;
-    }
-  }
-  __device__ __forceinline__ void follow() {
-    if (kStagger && cw == 1) named_bar_sync(kStaggerBarrier, 256);
-  }
-
   // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block). Stages go in
   // trips of two (parity 0, 1); FP8 drains its pipeline at the end of every trip, because ptxas
   // serializes all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
@@ -394,7 +377,6 @@ struct Consumer {
         fp8_stage<1>();
         if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
         fp8_drain<1>();
-        let_follower_go();
       }
       if (kb < k_blocks) {  // an odd last stage, in parity 0
         fp8_stage<0>();
@@ -420,7 +402,6 @@ struct Consumer {
           bf16_wait_stage();
           bf16_decode_half<0>();
         }
-        if (kb >= 1) let_follower_go();
       }
       wg_wait<0>();
       release<0>();
@@ -521,8 +502,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     c.lane = c.tid % 32;
     c.t = c.lane % 4;
     c.row_r = c.cw * 64 + (c.tid / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
-    c.lead_pending = c.cw == 0;
-    c.follow();
     int e, nt, mb;
     for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
 #if MM_PROBE
@@ -535,7 +514,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       }
 #else
       c.mainloop(k_blocks);
-      c.let_follower_go();  // a tile shorter than a trip
 #endif
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
@@ -552,7 +530,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         }
       }
     }
-    c.let_follower_go();  // no tiles at all
   }
 }
 
