@@ -160,41 +160,8 @@ impl<'a> Launch<'a> {
         kernel.reserve_dynamic_smem(config.dynamic_smem_bytes)?;
         kernel.context().bind_to_thread().call("cuCtxSetCurrent")?;
 
-        let mut attrs = Vec::with_capacity(2);
-        if let Some([x, y, z]) = config.cluster {
-            // SAFETY: an all-zero attribute value is valid; one union field is then written.
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.clusterDim.x = x;
-            value.clusterDim.y = y;
-            value.clusterDim.z = z;
-            attrs.push(attribute(
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                value,
-            ));
-        }
-        if config.cooperative {
-            // SAFETY: as above.
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.cooperative = 1;
-            attrs.push(attribute(
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
-                value,
-            ));
-        }
-        let [gx, gy, gz] = config.grid;
-        let [bx, by, bz] = config.block;
-        let launch_config = sys::CUlaunchConfig {
-            gridDimX: gx,
-            gridDimY: gy,
-            gridDimZ: gz,
-            blockDimX: bx,
-            blockDimY: by,
-            blockDimZ: bz,
-            sharedMemBytes: config.dynamic_smem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
-        };
+        let mut attrs = config.attributes();
+        let launch_config = config.driver(self.stream.cu_stream(), &mut attrs);
         let mut params: Vec<*mut c_void> = self
             .args
             .iter()
@@ -215,6 +182,75 @@ impl<'a> Launch<'a> {
         // Dropping the guards now records the buffers' use by this launch.
         drop(self.guards);
         Ok(())
+    }
+}
+
+impl LaunchConfig {
+    /// The cluster and cooperative attributes of a driver launch config.
+    fn attributes(&self) -> Vec<sys::CUlaunchAttribute> {
+        let mut attrs = Vec::with_capacity(2);
+        if let Some([x, y, z]) = self.cluster {
+            // SAFETY: an all-zero attribute value is valid; one union field is then written.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.clusterDim.x = x;
+            value.clusterDim.y = y;
+            value.clusterDim.z = z;
+            attrs.push(attribute(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                value,
+            ));
+        }
+        if self.cooperative {
+            // SAFETY: as above.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.cooperative = 1;
+            attrs.push(attribute(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                value,
+            ));
+        }
+        attrs
+    }
+
+    /// The driver's launch config; `attrs` must outlive its use.
+    fn driver(
+        &self,
+        stream: sys::CUstream,
+        attrs: &mut [sys::CUlaunchAttribute],
+    ) -> sys::CUlaunchConfig {
+        let [gx, gy, gz] = self.grid;
+        let [bx, by, bz] = self.block;
+        sys::CUlaunchConfig {
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: gz,
+            blockDimX: bx,
+            blockDimY: by,
+            blockDimZ: bz,
+            sharedMemBytes: self.dynamic_smem_bytes,
+            hStream: stream,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        }
+    }
+}
+
+impl Kernel {
+    /// How many clusters of `config`'s shape (block, dynamic shared memory, cluster) can be
+    /// resident on the device at once (`cuOccupancyMaxActiveClusters`): a persistent kernel's grid.
+    /// SMs whose GPC has no room for a whole cluster stay out, so this can be less than the SM
+    /// count over the cluster size.
+    pub fn max_active_clusters(&self, config: &LaunchConfig) -> Result<u32> {
+        self.reserve_dynamic_smem(config.dynamic_smem_bytes)?;
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        let mut attrs = config.attributes();
+        let driver = config.driver(std::ptr::null_mut(), &mut attrs);
+        let mut clusters = 0i32;
+        // SAFETY: the config and its attributes outlive the call, which only reads them.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, self.cu_function(), &driver) }
+            .result()
+            .call("cuOccupancyMaxActiveClusters")?;
+        Ok(clusters.max(0) as u32)
     }
 }
 

@@ -165,6 +165,16 @@ fn cluster_launch_forms_clusters_of_two() {
             .launch()
     };
     assert!(matches!(bad, Err(Error::InvalidLaunch { .. })), "{bad:?}");
+    // Resident clusters: blocks that fill an SM's shared memory pair up over two SMs at most.
+    let sms = gpu.info().sm_count;
+    let whole_sm = LaunchConfig::linear(2, 64)
+        .dynamic_smem(200 * 1024)
+        .cluster([2, 1, 1]);
+    let clusters = kernel.max_active_clusters(&whole_sm).unwrap();
+    assert!(
+        clusters >= sms / 4 && clusters <= sms / 2,
+        "{clusters} clusters of two on {sms} SMs"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--k-split 1|2|4] [--probe]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--k-split 1|2|4] [--probe]`
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
@@ -42,6 +42,9 @@ struct Args {
     /// CTAs per SM for every tile (default: the plan's choice).
     #[arg(long)]
     ctas: Option<usize>,
+    /// CTAs per cluster, a list to compare (default: the plan's).
+    #[arg(long, value_delimiter = ',')]
+    cluster: Vec<usize>,
     /// FP8 promotions per k128 block (default: the plan's).
     #[arg(long)]
     k_split: Option<usize>,
@@ -116,9 +119,15 @@ fn main() {
         tiles,
         probe,
         ctas,
+        cluster,
         k_split,
         ..
     } = clap::Parser::parse();
+    let clusters: Vec<Option<usize>> = if cluster.is_empty() {
+        vec![None]
+    } else {
+        cluster.into_iter().map(Some).collect()
+    };
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
         Err(e) => {
@@ -135,10 +144,10 @@ fn main() {
         hbm / 1e9
     );
     println!(
-        "{:<9} {:>5} {:>6} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "{:<9} {:>5} {:>8} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
         "route",
         "T",
-        "bn/c",
+        "bn/c/cl",
         "hit",
         "L1 us",
         "L1 TF",
@@ -190,13 +199,20 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
-            for bn in bns.into_iter().filter(|bn| token_tiles(mma).contains(bn)) {
+            let variants = bns
+                .into_iter()
+                .filter(|bn| token_tiles(mma).contains(bn))
+                .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)));
+            for (bn, cluster) in variants {
                 let mut plan = TilePlan {
                     probe,
                     ..TilePlan::new(mma, bn).unwrap()
                 };
                 if let Some(ctas) = ctas {
                     plan = plan.with_ctas_per_sm(ctas);
+                }
+                if let Some(cluster) = cluster {
+                    plan = plan.with_cluster(cluster);
                 }
                 // One core serves both layers: their weights fold alike here.
                 assert_eq!(
@@ -236,10 +252,10 @@ fn main() {
                 let (t1, t2) = (times[0] as f64 * 1e-3, times[1] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
-                    "{:<9} {:>5} {:>6} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    "{:<9} {:>5} {:>8} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
                     format!("{recipe}/{mma}"),
                     t,
-                    format!("{bn}/{}", core.plan.ctas_per_sm),
+                    format!("{bn}/{}/{}", core.plan.ctas_per_sm, core.plan.cluster),
                     hit,
                     t1 * 1e6,
                     f1 / t1 / 1e12,

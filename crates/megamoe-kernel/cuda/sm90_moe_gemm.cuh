@@ -86,31 +86,36 @@ struct Layout {
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
 };
 
-// Walks the tiles of one CTA in order; every role keeps its own copy and advances it identically.
+// Walks the work of one CTA in order; every role keeps its own copy and advances it identically.
+// A work item is (expert, group of kGroup consecutive weight tiles, token block): a cluster of
+// kGroup CTAs takes one item at a time, each CTA the weight tile of its rank in the cluster (the
+// last group of an odd tile count has a ghost tile, past n_out).
+template <int kGroup>
 struct TileWalker {
   const GemmParams* p;
-  int expert = 0, expert_first_tile = 0, expert_m_blocks = 0, expert_tiles = 0;
+  int expert = 0, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
 
   __device__ void init(const GemmParams* params, int bn) {
     p = params;
     expert = -1;
-    expert_first_tile = 0;
-    expert_tiles = 0;
+    expert_first_item = 0;
+    expert_items = 0;
     next_expert(bn);
   }
   __device__ void next_expert(int bn) {
-    expert_first_tile += expert_tiles;
+    expert_first_item += expert_items;
     ++expert;
     expert_m_blocks = expert < p->num_experts ? (p->expert_rows[expert] + bn - 1) / bn : 0;
-    expert_tiles = expert_m_blocks * (p->n_out / kTileRows);
+    expert_items = expert_m_blocks * ((p->n_out / kTileRows + kGroup - 1) / kGroup);
   }
-  // Finds tile `idx` (non-decreasing between calls). Returns false past the last tile.
-  __device__ bool seek(int idx, int bn, int& e, int& n_tile, int& m_block) {
-    while (expert < p->num_experts && idx >= expert_first_tile + expert_tiles) next_expert(bn);
+  // Finds item `idx` (non-decreasing between calls) and the weight tile of cluster rank `rank` in
+  // it. Returns false past the last item.
+  __device__ bool seek(int idx, int bn, int rank, int& e, int& n_tile, int& m_block) {
+    while (expert < p->num_experts && idx >= expert_first_item + expert_items) next_expert(bn);
     if (expert >= p->num_experts) return false;
-    const int local = idx - expert_first_tile;
+    const int local = idx - expert_first_item;
     e = expert;
-    n_tile = local / expert_m_blocks;
+    n_tile = local / expert_m_blocks * kGroup + rank;
     m_block = local % expert_m_blocks;
     return true;
   }
@@ -171,7 +176,7 @@ __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(
 // kRegs (FP8): decode tables from the meta nibbles in registers (see decode_fp8).
 // kKSplit (FP8): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
 // of FP32's precision while it accumulates, so shorter runs between promotions are more accurate.
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
 struct Consumer {
   using L = Layout<BN, kFp8, kCtas>;
   // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers); with
@@ -266,11 +271,26 @@ struct Consumer {
     wg_commit();
   }
 
-  // This warp is done with the stage of parity P (its wgmmas completed, its reads issued).
+  // This warp is done with the stage of parity P (its wgmmas completed, its reads issued). In a
+  // cluster the peer's producer multicasts into this stage too, so its empty barrier hears it.
+  u32 peer;  // the other CTA of a cluster of two
   template <int P>
   __device__ __forceinline__ void release() {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty(held[P]));
+    if constexpr (kCluster == 2) {
+      mbar_arrive_here_and_cluster(empty(held[P]), peer, lane == 0);
+    } else if (lane == 0) {
+      mbar_arrive(empty(held[P]));
+    }
+  }
+  // Consumes the next stage without math (the benchmark's load probe), in step with the converter
+  // warp, which must not be lapped.
+  __device__ __forceinline__ void skip_stage() {
+    mbar_wait(full(stage), phase);
+    if constexpr (kFp8) mbar_wait(scales_ready(stage), phase);
+    held[0] = stage;
+    release<0>();
+    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
   // FP8: chunk h of the stage in parity P into temp set B.
@@ -412,7 +432,7 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kFp8, kCtas>;
   extern __shared__ __align__(1024) u8 smem_raw[];
@@ -434,16 +454,25 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     for (int s = 0; s < L::kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&scales_ready[s], 32);  // every lane of the converter warp
-      mbar_init(&empty[s], 8);  // every consumer warp
+      mbar_init(&empty[s], 8 * kCluster);  // every consumer warp of the cluster
     }
     fence_barrier_init();
   }
   if constexpr (kFp8 && !kRegs) {
     if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
   }
-  __syncthreads();
+  // A cluster's CTAs arrive on each other's barriers and multicast into each other's stages: all
+  // barriers are initialized before anyone starts, and nobody leaves while a peer may still do so.
+  // The rank in a cluster of kCluster along x (blockIdx.x % kCluster: visibly warp-uniform to the
+  // compiler, unlike %cluster_ctarank, so the consumers keep their uniform descriptor arithmetic).
+  const u32 rank = blockIdx.x % kCluster;
+  if constexpr (kCluster > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
-  TileWalker walker;
+  TileWalker<kCluster> walker;
   walker.init(&p, BN);
 
   if (wg == 0) {
@@ -454,23 +483,37 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       int stage = 0;
       u32 phase = 0;
       int e, nt, mb;
-      for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+      for (int item = blockIdx.x / kCluster; walker.seek(item, BN, rank, e, nt, mb); item += gridDim.x / kCluster) {
         const int row0 = p.expert_offset[e] + mb * BN;
+        const bool ghost = kCluster > 1 && nt >= n_tiles;
         const u8* codes = p.w_codes + ((size_t)(e * n_tiles + nt) * k_blocks) * kCodeBytes;
         const u32* meta = p.w_meta + ((size_t)(e * n_tiles + nt) * k_blocks) * kTileRows;
         for (int kb = 0; kb < k_blocks; ++kb) {
           u8* dst = smem + stage * L::kStageBytes;
           mbar_wait(&empty[stage], phase ^ 1);
-          mbar_expect_tx(&full[stage], L::kTxBytes);
-          tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
+          mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
+          if constexpr (kCluster == 2) {
+            // The activation tile is the same for both CTAs: each loads half of it into both.
+            // FP8: half the rows (the map's box is BN / 2 rows); BF16: one of the two K halves.
+            if constexpr (kFp8) {
+              tma_load_2d_multicast(dst + rank * (BN / 2) * 128, act_map, &full[stage], kb * kBlockK,
+                                    row0 + (int)rank * (BN / 2), 0x3);
+            } else {
+              tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0,
+                                    0x3);
+            }
+          } else {
+            tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
+            if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
+          }
           if constexpr (kFp8) {
             bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
                       &full[stage]);
-          } else {
-            tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
           }
-          bulk_load(dst + L::kActBytes, codes + (size_t)kb * kCodeBytes, kCodeBytes, &full[stage]);
-          bulk_load(dst + L::kActBytes + kCodeBytes, meta + (size_t)kb * kTileRows, kMetaBytes, &full[stage]);
+          if (!ghost) {
+            bulk_load(dst + L::kActBytes, codes + (size_t)kb * kCodeBytes, kCodeBytes, &full[stage]);
+            bulk_load(dst + L::kActBytes + kCodeBytes, meta + (size_t)kb * kTileRows, kMetaBytes, &full[stage]);
+          }
           if (++stage == L::kStages) { stage = 0; phase ^= 1; }
         }
       }
@@ -481,7 +524,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       int stage = 0;
       u32 phase = 0;
       int e, nt, mb;
-      for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
+      for (int item = blockIdx.x / kCluster; walker.seek(item, BN, rank, e, nt, mb); item += gridDim.x / kCluster) {
         for (int kb = 0; kb < k_blocks; ++kb) {
           u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
           mbar_wait(&full[stage], phase);
@@ -494,7 +537,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit> c;
+    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit, kCluster> c;
     c.smem = smem;
     c.act_desc0 = desc_k_sw128(smem_addr(smem));
     c.cw = wg - 1;  // which 64 rows of the tile
@@ -502,19 +545,18 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     c.lane = c.tid % 32;
     c.t = c.lane % 4;
     c.row_r = c.cw * 64 + (c.tid / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
+    if constexpr (kCluster == 2) c.peer = rank ^ 1;
     int e, nt, mb;
-    for (int tile = blockIdx.x; walker.seek(tile, BN, e, nt, mb); tile += gridDim.x) {
-#if MM_PROBE
-      // Bandwidth probe: consume each stage untouched, so the time is the load pipeline's alone.
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        mbar_wait(c.full(c.stage), c.phase);
-        c.held[0] = c.stage;
-        c.template release<0>();
-        if (++c.stage == L::kStages) { c.stage = 0; c.phase ^= 1; }
+    for (int item = blockIdx.x / kCluster; walker.seek(item, BN, rank, e, nt, mb); item += gridDim.x / kCluster) {
+      if (MM_PROBE) {  // the benchmark's load probe: stages consumed untouched
+        for (int kb = 0; kb < k_blocks; ++kb) c.skip_stage();
+        continue;
       }
-#else
+      // A ghost tile (past n_out: the odd last tile of a cluster's group) runs the math on
+      // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
+      // path would cost the main loop its uniform descriptor arithmetic.
       c.mainloop(k_blocks);
-#endif
+      if (kCluster > 1 && nt >= n_tiles) continue;
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
       const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;
@@ -531,6 +573,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       }
     }
   }
+  if constexpr (kCluster > 1) cluster_sync();
 }
 
 }  // namespace gemm

@@ -32,6 +32,30 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
       : "memory");
 }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// When `leader` (one lane): arrive on `bar` and on the mbarrier at the same offset in CTA `cta` of
+// this cluster. Predicated rather than branched, so the warp never diverges around it (a branch
+// here costs the consumers their uniform descriptor arithmetic).
+__device__ __forceinline__ void mbar_arrive_here_and_cluster(u64* bar, u32 cta, bool leader) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%1];\n}" ::"r"(smem_addr(bar)),
+      "r"(remote), "r"((u32)leader)
+      : "memory");
+}
+
+// ---------------------------------------------------------------- clusters
+__device__ __forceinline__ u32 cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster: release what came before, acquire what the others did.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 
 // ---------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, u64* bar, int x, int y) {
@@ -39,6 +63,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, u64* bar
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
           smem_addr(dst)),
       "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+// The same box into the same shared-memory offset of every CTA in `cta_mask`, each CTA's mbarrier at
+// `bar`'s offset counting its bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* map, u64* bar, int x, int y, u16 cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(
+          smem_addr(dst)),
+      "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y), "h"(cta_mask)
       : "memory");
 }
 // Contiguous copy; bytes and both addresses multiples of 16.
