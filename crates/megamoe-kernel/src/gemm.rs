@@ -153,8 +153,10 @@ pub struct TilePlan {
     pub k_split: usize,
     /// CTAs per thread-block cluster (1 or 2). Two CTAs on neighbouring weight tiles of the same
     /// token block load half of the shared activation tile each and multicast it to both, halving
-    /// the activation traffic into the SMs, which bounds large token tiles (2026-11-30, H200: with
-    /// half the activation loads skipped, FP8 T = 8192 ran 12 % faster).
+    /// the activation traffic into the SMs (2026-11-30, H200: with half the activation loads
+    /// skipped, FP8 T = 8192 ran 12 % faster). Measured with the multicast: BF16 256-token tiles
+    /// 1–2 % faster, the default for the BF16 route's one-CTA tiles; FP8 128-token tiles 35 %
+    /// slower (the two CTAs move in lockstep through their rings), so FP8 stays at one.
     pub cluster: usize,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
@@ -200,15 +202,19 @@ impl TilePlan {
 
     /// The same tile with `ctas_per_sm` (1 or 2) CTAs per SM and the stages that fit them; for
     /// benchmarks that compare the two.
-    /// Clusters of two for the one-CTA-per-SM tiles (large T); the small two-CTA tiles move
-    /// little activation data.
+    /// Clusters of two for the BF16 route's one-CTA-per-SM tiles (large T; see `cluster`); the
+    /// small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
         let stages = (SMEM_BUDGET[ctas_per_sm - 1] / self.stage_bytes).min(MAX_STAGES);
         Self {
             stages,
             ctas_per_sm,
-            cluster: if ctas_per_sm == 1 { 2 } else { 1 },
+            cluster: if ctas_per_sm == 1 && self.mma == Mma::Bf16 {
+                2
+            } else {
+                1
+            },
             ..self
         }
     }
@@ -336,6 +342,10 @@ pub fn kernels() -> Vec<KernelSpec> {
                 })
             })
         })
+        // The FP8 cluster variant the benchmark compares (`--cluster 1,2`), kept compiling.
+        .chain([TilePlan::new(Mma::Fp8, 128)
+            .expect("listed tile")
+            .with_cluster(2)])
         .map(|plan| plan.spec())
         .collect()
 }
@@ -679,8 +689,8 @@ mod tests {
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            4 * 4 + 5,
-            "four folds per FP8 tile, one per BF16 tile"
+            4 * 4 + 5 + 1,
+            "four folds per FP8 tile, one per BF16 tile, the FP8 cluster variant"
         );
     }
 
