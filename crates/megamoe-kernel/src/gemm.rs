@@ -154,9 +154,9 @@ pub struct TilePlan {
     /// CTAs per thread-block cluster (1 or 2). Two CTAs on neighbouring weight tiles of the same
     /// token block load half of the shared activation tile each and multicast it to both, halving
     /// the activation traffic into the SMs (2026-11-30, H200: with half the activation loads
-    /// skipped, FP8 T = 8192 ran 12 % faster). Measured with the multicast: BF16 256-token tiles
-    /// 1–2 % faster, the default for the BF16 route's one-CTA tiles; FP8 128-token tiles 35 %
-    /// slower (the two CTAs move in lockstep through their rings), so FP8 stays at one.
+    /// skipped, FP8 T = 8192 ran 12 % faster). Measured with the multicast: the BF16 route's
+    /// one-CTA tiles 4–6 % faster (its default); FP8 128-token tiles within 1 % (the two CTAs'
+    /// rings move in lockstep, which eats the saving), so FP8 stays at one.
     pub cluster: usize,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
