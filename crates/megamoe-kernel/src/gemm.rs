@@ -695,6 +695,23 @@ mod tests {
     }
 
     #[test]
+    fn clusters_serve_the_bf16_routes_one_cta_tiles() {
+        let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
+        assert_eq!(plan(Mma::Bf16, 256).cluster, 2);
+        assert_eq!(plan(Mma::Bf16, 32).cluster, 1, "two CTAs per SM");
+        assert_eq!(plan(Mma::Bf16, 32).with_ctas_per_sm(1).cluster, 2);
+        assert_eq!(
+            plan(Mma::Fp8, 128).cluster,
+            1,
+            "FP8 measured no faster in clusters"
+        );
+        assert_eq!(
+            plan(Mma::Fp8, 128).with_cluster(2).spec().name,
+            "megamoe-kernel/sm90_moe_gemm/fp8/bn128/cta1/cl2/rowbase/regfold/k128"
+        );
+    }
+
+    #[test]
     fn token_tiles_follow_the_measured_choice() {
         // V4-Pro per rank: 48 experts, top-6; average rows per expert = 6T/48.
         let avg = |t: f64| 6.0 * t / 48.0;

@@ -375,6 +375,47 @@ mod tests {
         e2m1::decode(pack::e2m1_at(w, base + col)) * ue8m0::decode(sf[base / 32 + col / 32])
     }
 
+    /// One code word of a transformed layout, where a consumer thread finds it.
+    struct FragmentWord {
+        expert: usize,
+        tile: usize,
+        k_block: usize,
+        /// k32 step within the k128 block.
+        j: usize,
+        /// Thread in quad: the scale block of every weight the word holds.
+        tq: usize,
+        /// Weight row within the tile.
+        row: usize,
+        word: u32,
+        meta: u32,
+    }
+
+    /// Every code word of `t`, in the layout `write_codes` documents.
+    fn fragment_words(t: &GemmWeights) -> impl Iterator<Item = FragmentWord> + '_ {
+        let (tiles, k_blocks) = (t.tiles(), t.k_blocks());
+        (0..t.num_experts * tiles * k_blocks).flat_map(move |chunk| {
+            (0..4).flat_map(move |j| {
+                (0..256).flat_map(move |tid| {
+                    (0..2).map(move |half| {
+                        let (wg, warp, g) = (tid / 128, tid % 128 / 32, tid % 32 / 4);
+                        let row = wg * 64 + warp * 16 + g + 8 * half;
+                        let at = chunk * CODE_BYTES + (j * 256 + tid) * 8 + 4 * half;
+                        FragmentWord {
+                            expert: chunk / (tiles * k_blocks),
+                            tile: chunk / k_blocks % tiles,
+                            k_block: chunk % k_blocks,
+                            j,
+                            tq: tid % 4,
+                            row,
+                            word: u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap()),
+                            meta: t.meta[chunk * TILE_ROWS + row],
+                        }
+                    })
+                })
+            })
+        })
+    }
+
     /// Replays the kernel's register decode on the host and checks every weight lands where the
     /// fragment layout says, with its exact value.
     #[test]
@@ -382,44 +423,29 @@ mod tests {
         let (e, n, k) = (2, 256, 256);
         let (w, sf) = random_weights(e, n, k, 110..=124, 1);
         let t = transform_weights(Mma::Fp8, &w, &sf, e, n, k).unwrap();
-        for chunk in 0..e * t.tiles() * t.k_blocks() {
-            let (ex, tile, kb) = (
-                chunk / (t.tiles() * t.k_blocks()),
-                chunk / t.k_blocks() % t.tiles(),
-                chunk % t.k_blocks(),
-            );
-            for j in 0..4 {
-                for wg in 0..2 {
-                    for tid in 0..128 {
-                        let (warp, g, tq) = (tid / 32, (tid % 32) / 4, tid % 4);
-                        for half in 0..2 {
-                            let row = wg * 64 + warp * 16 + g + 8 * half;
-                            let at = chunk * CODE_BYTES + ((j * 2 + wg) * 128 + tid) * 8 + 4 * half;
-                            let word = u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap());
-                            // The kernel decodes all of a thread's words with scale block tq's offset.
-                            let m = t.meta[chunk * TILE_ROWS + row];
-                            let d = ((m >> (4 * tq)) & 0xf) as i32 - 8;
-                            let base = ue8m0::decode(((m >> 16) & 0xff) as u8);
-                            for (i, byte) in fold::decode_sign_split_word(word, d)
-                                .into_iter()
-                                .enumerate()
-                            {
-                                let col = kb * BLOCK_K
-                                    + pool_order::canonical_channel(
-                                        Mma::Fp8,
-                                        32 * j + if i < 4 { 4 * tq + i } else { 12 + 4 * tq + i },
-                                    );
-                                let want =
-                                    canonical(&w, &sf, n, k, ex, tile * TILE_ROWS + row, col);
-                                assert_eq!(
-                                    e4m3::decode(byte) * base,
-                                    want,
-                                    "expert {ex} row {row} col {col}"
-                                );
-                            }
-                        }
-                    }
-                }
+        for f in fragment_words(&t) {
+            // The kernel decodes all of a thread's words with scale block tq's offset.
+            let d = ((f.meta >> (4 * f.tq)) & 0xf) as i32 - 8;
+            let base = ue8m0::decode(((f.meta >> 16) & 0xff) as u8);
+            for (i, byte) in fold::decode_sign_split_word(f.word, d)
+                .into_iter()
+                .enumerate()
+            {
+                let k_in_step = if i < 4 {
+                    4 * f.tq + i
+                } else {
+                    12 + 4 * f.tq + i
+                };
+                let col = f.k_block * BLOCK_K
+                    + pool_order::canonical_channel(Mma::Fp8, 32 * f.j + k_in_step);
+                let want = canonical(&w, &sf, n, k, f.expert, f.tile * TILE_ROWS + f.row, col);
+                assert_eq!(
+                    e4m3::decode(byte) * base,
+                    want,
+                    "expert {} row {} col {col}",
+                    f.expert,
+                    f.row
+                );
             }
         }
     }
@@ -448,37 +474,20 @@ mod tests {
         let (e, n, k) = (2, 128, 256);
         let (w, sf) = random_weights(e, n, k, BF16_SCALE_RANGE.0..=BF16_SCALE_RANGE.1, 4);
         let t = transform_weights(Mma::Bf16, &w, &sf, e, n, k).unwrap();
-        for chunk in 0..e * t.tiles() * t.k_blocks() {
-            let (ex, tile, kb) = (
-                chunk / (t.tiles() * t.k_blocks()),
-                chunk / t.k_blocks() % t.tiles(),
-                chunk % t.k_blocks(),
-            );
-            for j in 0..4 {
-                for tid in 0..256 {
-                    let (wg, warp, g, tq) = (tid / 128, tid % 128 / 32, (tid % 32) / 4, tid % 4);
-                    for half in 0..2 {
-                        let row = wg * 64 + warp * 16 + g + 8 * half;
-                        let at = chunk * CODE_BYTES + (j * 256 + tid) * 8 + 4 * half;
-                        let word = u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap());
-                        let scale = t.meta[chunk * TILE_ROWS + row].to_le_bytes()[tq];
-                        for (p, dk) in BF16_PAIR_K.into_iter().enumerate() {
-                            for el in 0..2 {
-                                let col = kb * BLOCK_K
-                                    + pool_order::canonical_channel(
-                                        Mma::Bf16,
-                                        32 * j + dk + 2 * tq + el,
-                                    );
-                                let want =
-                                    canonical(&w, &sf, n, k, ex, tile * TILE_ROWS + row, col);
-                                assert_eq!(
-                                    bf16_decode(word, scale, p, el),
-                                    f64::from(want),
-                                    "expert {ex} row {row} col {col}"
-                                );
-                            }
-                        }
-                    }
+        for f in fragment_words(&t) {
+            let scale = f.meta.to_le_bytes()[f.tq];
+            for (p, dk) in BF16_PAIR_K.into_iter().enumerate() {
+                for el in 0..2 {
+                    let col = f.k_block * BLOCK_K
+                        + pool_order::canonical_channel(Mma::Bf16, 32 * f.j + dk + 2 * f.tq + el);
+                    let want = canonical(&w, &sf, n, k, f.expert, f.tile * TILE_ROWS + f.row, col);
+                    assert_eq!(
+                        bf16_decode(f.word, scale, p, el),
+                        f64::from(want),
+                        "expert {} row {} col {col}",
+                        f.expert,
+                        f.row
+                    );
                 }
             }
         }
