@@ -178,83 +178,58 @@ __device__ __forceinline__ void silu_table(float* table) {
 
 // Steps 2-3 of the contract for one pool row. Each lane takes 4 consecutive channels (one 8-byte load
 // of gate and one of up), G/4 lanes make one group of G channels: h in f32 as the host computes it
-// (silu_exact from the table, products in the contract's order, no FMA contraction), then the
-// re-quantizer of fp_formats.cuh's requantize_group<G> with the amax reduced over the group's lanes
-// (fmaxf is exact and order free, so the bits are the same).
-constexpr int kSwigluPer = 4;  // channels per lane
-
-// One lane's channels c0.. of pool row `row`, from its gate and up words.
-__device__ __forceinline__ void swiglu_channels(const SwigluParams& p, const RowMeta& m, int row, int c0, uint2 gv,
-                                                uint2 uv) {
-  constexpr int kPer = kSwigluPer;
-  constexpr int kLanesPerGroup = UF_G / kPer;  // 8 (G = 32) or 32 (G = 128)
-  const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
-  float h[kPer];
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    float g = bf16_to_f32((u16)(gw[i / 2] >> (16 * (i & 1)))), u = bf16_to_f32((u16)(uw[i / 2] >> (16 * (i & 1))));
-    if (p.has_clamp) {
-      g = fminf(g, p.clamp);
-      u = fminf(fmaxf(u, -p.clamp), p.clamp);
-    }
-    // A clamp that is no BF16 value leaves g off the table: compute it.
-    const u32 gb = __float_as_uint(g);
-    const float silu = (gb & 0xffffu) == 0 ? p.silu[gb >> 16] : silu_exact(g);
-    h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
-    amax = fmaxf(amax, fabsf(h[i]));
-  }
-#pragma unroll
-  for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
-  const float inv = fp::pow2(127 - (int)biased);
-  const int inter = p.inter;
-#if UF_FP8_POOL
-  u32 word = 0;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
-  const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
-  *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
-  if (threadIdx.x % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / UF_G) * p.sf_stride + row] = (u8)biased;
-#else
-  const float scale = fp::pow2((int)biased - 127);
-  u32 out[2];
-#pragma unroll
-  for (int i = 0; i < kPer; i += 2)
-    out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
-  u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
-#endif
-}
-
+// (silu_exact from the table, products in the contract's order, no FMA contraction), then the re-quantizer of fp_formats.cuh's requantize_group<G> with the
+// amax reduced over the group's lanes (fmaxf is exact and order free, so the bits are the same).
 __device__ __forceinline__ void swiglu(const SwigluParams& p) {
+  constexpr int kPer = 4;                     // channels per lane
+  constexpr int kLanesPerGroup = UF_G / kPer;  // 8 (G = 32) or 32 (G = 128)
   const int row = blockIdx.x;
   const RowMeta m = p.meta[row];
   if (m.token < 0) return;
   const int inter = p.inter;
   const u16* gate = p.l1_out + (size_t)row * 2 * inter;
   const u16* up = gate + inter;
-  // The loads of kBatch strides go out before any math (one stride's 16 bytes per lane leave HBM
-  // idle). I is a multiple of 128, so a warp's 128 channels are all in range or all out and the
-  // group's shuffles see every lane.
-  constexpr int kBatch = 4;
-  const int stride = channel_stride(kSwigluPer);
-  for (int c_batch = first_channel(kSwigluPer); c_batch < inter; c_batch += kBatch * stride) {
-    uint2 gv[kBatch], uv[kBatch];
+  // I is a multiple of 128, so every warp's 128 channels are all in range or all out.
+  for (int c0 = first_channel(kPer); c0 < inter; c0 += channel_stride(kPer)) {
+    const uint2 gv = *reinterpret_cast<const uint2*>(gate + c0);
+    const uint2 uv = *reinterpret_cast<const uint2*>(up + c0);
+    const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
+    float h[kPer];
+    float amax = 0.0f;
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int c0 = c_batch + b * stride;
-      if (c0 < inter) {
-        gv[b] = *reinterpret_cast<const uint2*>(gate + c0);
-        uv[b] = *reinterpret_cast<const uint2*>(up + c0);
+    for (int i = 0; i < kPer; ++i) {
+      float g = bf16_to_f32((u16)(gw[i / 2] >> (16 * (i & 1)))), u = bf16_to_f32((u16)(uw[i / 2] >> (16 * (i & 1))));
+      if (p.has_clamp) {
+        g = fminf(g, p.clamp);
+        u = fminf(fmaxf(u, -p.clamp), p.clamp);
       }
+      // A clamp that is no BF16 value leaves g off the table: compute it.
+      const u32 gb = __float_as_uint(g);
+      const float silu = (gb & 0xffffu) == 0 ? p.silu[gb >> 16] : silu_exact(g);
+      h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
+      amax = fmaxf(amax, fabsf(h[i]));
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int c0 = c_batch + b * stride;
-      if (c0 < inter) swiglu_channels(p, m, row, c0, gv[b], uv[b]);
-    }
+    for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
+    const float inv = fp::pow2(127 - (int)biased);
+#if UF_FP8_POOL
+    u32 word = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
+    const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
+    *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
+    if (threadIdx.x % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / UF_G) * p.sf_stride + row] = (u8)biased;
+#else
+    const float scale = fp::pow2((int)biased - 127);
+    u32 out[2];
+#pragma unroll
+    for (int i = 0; i < kPer; i += 2)
+      out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
+    u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
+#endif
   }
 }
 
@@ -268,44 +243,25 @@ __device__ __forceinline__ void combine_send(const CombineSendParams& p) {
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
 
-// Token t's slot j as this rank holds it: its own experts' results are still in its pool, the
-// others were sent here; null for a masked slot.
-__device__ __forceinline__ const u16* combine_slot(const CombineReduceParams& p, int t, int j) {
-  const int e = p.topk_idx[t * p.top_k + j];
-  if (e < 0) return nullptr;
-  return e / p.experts_per_rank == p.rank ? p.l2_out + (size_t)p.route[t * p.top_k + j] * p.hidden
-                                          : p.combine + ((size_t)j * p.max_tokens + t) * p.hidden;
-}
-
 __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
   const int t = blockIdx.x;
-  // Slots are loaded kSlots at a time before any is added (a load per add left HBM idle), and
-  // added in increasing j, the contract's order.
-  constexpr int kSlots = 4;
   for (int c = first_channel(8); c < p.hidden; c += channel_stride(8)) {
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-    for (int j0 = 0; j0 < p.top_k; j0 += kSlots) {
-      uint4 v[kSlots];
-      u32 live = 0;  // bit s: slot j0 + s holds a result
+    for (int j = 0; j < p.top_k; ++j) {
+      const int e = p.topk_idx[t * p.top_k + j];
+      if (e < 0) continue;
+      // A slot this rank's experts computed is still in its pool; the others were sent here.
+      const u16* src = e / p.experts_per_rank == p.rank
+                           ? p.l2_out + (size_t)p.route[t * p.top_k + j] * p.hidden
+                           : p.combine + ((size_t)j * p.max_tokens + t) * p.hidden;
+      const uint4 v = *reinterpret_cast<const uint4*>(src + c);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        const u16* src = j0 + s < p.top_k ? combine_slot(p, t, j0 + s) : nullptr;
-        if (src != nullptr) {
-          v[s] = *reinterpret_cast<const uint4*>(src + c);
-          live |= 1u << s;
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        if (!(live >> s & 1u)) continue;
-        const u32 w[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          acc[2 * i] = __fadd_rn(acc[2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
-          acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
-        }
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = __fadd_rn(acc[2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
+        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
       }
     }
     u32 out[4];
