@@ -11,10 +11,13 @@
 //   BF16 (either recipe): BF16 WGMMA on exactly widened operands: E2M1 x 2^s_w decoded to BF16 in
 //         registers, the activations arrive already widened (E4M3 x 2^s_a in BF16); FP32 accumulation
 //         over all of K: exact.
-// Warp roles: warpgroup 0 = producer (one thread issues TMA for every stage), warpgroups 1 and 2 =
-// consumers (64 weight rows each, the same BN tokens). A persistent CTA walks tiles
-// blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is (expert, 128-row weight tile, BN-token block),
-// token block minor, so CTAs working at once share weight tiles through L2.
+// Warp roles: warpgroup 0 = producer (one thread issues TMA for every stage; FP8: one converter warp
+// turns the stage's token scales into floats), warpgroups 1 and 2 = consumers (64 weight rows each,
+// the same BN tokens). A persistent CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile
+// is (expert, 128-row weight tile, BN-token block), token block minor, so CTAs working at once share
+// weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
+// weight tiles of one token block in step: each loads half of the shared activation tile into both
+// (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
 //
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
@@ -26,7 +29,7 @@
 //   meta:  [128 rows] u32. FP8: (d_b + 8) in nibble b, base byte in bits 16..23. BF16: UE8M0 byte b = s_b
 //          (b = scale block of the k128 block).
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
-// 128-B swizzle, box {128 B, BN}.
+// 128-B swizzle, box {128 B, BN} (FP8 in a cluster: BN / 2 rows).
 // BN (tokens per tile) is 16..128 (FP8) or 16..256 (BF16): accumulators, two FP8 temp sets and two
 // stages of fragments must fit the consumers' 224 registers. (FP8 at 256 tokens fits only with
 // 16-token chunks, whose per-chunk work cancels the halved decode per token: measured in SASS.)
