@@ -4,7 +4,8 @@
 # instruction for a few (route, T) cases. Writes under $OUT: probe.log, and per case
 # <route>.<T>.src.csv.gz (read it with scripts/ncu_stalls.py) and <route>.<T>.details.txt.
 #
-#   OUT=dir scripts/gpu-profile.sh ["route T" ...]      default: "g128/fp8 8" "g128/fp8 128" "mx32/bf16 8"
+#   OUT=dir scripts/gpu-profile.sh ["route T [bench args]" ...]   default: "g128/fp8 8" "g128/fp8 128" "mx32/bf16 8"
+#   e.g. "g128/fp8 8192 --cluster 2"; SKIP_PROBE=1 leaves the probe out.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:-$root/gpu-out}"
@@ -17,13 +18,13 @@ ncu="$(command -v ncu || echo "$CUDA_PATH/bin/ncu")"
 cases=("$@")
 (( ${#cases[@]} )) || cases=("g128/fp8 8" "g128/fp8 128" "mx32/bf16 8")
 
-timeout 100 "$bench" --tokens 8,128 --probe >"$out/probe.log" 2>&1
+[[ -n "${SKIP_PROBE:-}" ]] || timeout 100 "$bench" --tokens 8,128 --probe >"$out/probe.log" 2>&1
 for c in "${cases[@]}"; do
-  read -r route tokens <<<"$c"
-  tag="$(echo "$route" | tr / -).$tokens"
+  read -r route tokens extra <<<"$c"
+  tag="$(echo "$route" | tr / -).$tokens$(echo "$extra" | tr -d ' -')"
   # Skip the warm-up launches; one L1 launch is sampled.
   timeout 150 "$ncu" --kernel-name mm_moe_gemm --launch-skip 8 --launch-count 1 --section WarpStateStats \
-    --section SchedulerStats --section SourceCounters -o "/tmp/$tag" "$bench" --tokens "$tokens" --routes "$route" \
+    --section SchedulerStats --section SourceCounters -o "/tmp/$tag" "$bench" --tokens "$tokens" --routes "$route" $extra \
     >"/tmp/$tag.ncu.log" 2>&1
   "$ncu" --import "/tmp/$tag.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$out/$tag.src.csv.gz"
   "$ncu" --import "/tmp/$tag.ncu-rep" --page details 2>&1 | tail -60 >"$out/$tag.details.txt"
