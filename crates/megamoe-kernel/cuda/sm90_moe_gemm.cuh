@@ -215,7 +215,6 @@ struct Consumer {
   // descriptor rebuilt from the address per stage).
   u64 act_desc0;
   __device__ u64 act_desc(int s) const { return act_desc0 + (u64)(s * (L::kStageBytes >> 4)); }
-  __device__ u8* stage_act(int s) const { return smem + s * L::kStageBytes; }
   __device__ const uint2* stage_codes(int s) const { return (const uint2*)(smem + s * L::kStageBytes + L::kActBytes); }
   __device__ const u32* stage_meta(int s) const { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); }
   __device__ const float* stage_sf(int s) const {

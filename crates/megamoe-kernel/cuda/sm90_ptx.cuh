@@ -49,11 +49,6 @@ __device__ __forceinline__ void mbar_arrive_here_and_cluster(u64* bar, u32 cta, 
 }
 
 // ---------------------------------------------------------------- clusters
-__device__ __forceinline__ u32 cluster_ctarank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
 // Every thread of every CTA of the cluster: release what came before, acquire what the others did.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

@@ -131,6 +131,8 @@ pub enum GemmError {
     FoldMismatch { core: Fold, weights: Fold },
     #[error("{what}: {detail}")]
     Pool { what: &'static str, detail: String },
+    #[error("not one cluster of {spec} fits on this GPU at once")]
+    NoResidentCluster { spec: String },
 }
 
 /// The shared-memory plan of one specialization; mirrors `Layout<BN, kG128>` in the kernel, which
@@ -202,6 +204,7 @@ impl TilePlan {
 
     /// The same tile with `ctas_per_sm` (1 or 2) CTAs per SM and the stages that fit them; for
     /// benchmarks that compare the two.
+    ///
     /// Clusters of two for the BF16 route's one-CTA-per-SM tiles (large T; see `cluster`); the
     /// small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
@@ -476,7 +479,14 @@ impl GemmCore {
             let shape = LaunchConfig::linear(per_sm / cluster * cluster, THREADS)
                 .dynamic_smem(plan.smem_bytes() as u32)
                 .cluster([cluster, 1, 1]);
-            cluster * kernel.max_active_clusters(&shape)?.min(per_sm / cluster)
+            let clusters = kernel.max_active_clusters(&shape)?.min(per_sm / cluster);
+            if clusters == 0 {
+                // A grid of nothing would leave the output unwritten.
+                return Err(GemmError::NoResidentCluster {
+                    spec: plan.spec().name,
+                });
+            }
+            cluster * clusters
         };
         tracing::debug!(spec = %plan.spec().name, grid, "GEMM grid");
         Ok(Self { plan, kernel, grid })

@@ -1,5 +1,6 @@
 //! `megamoe-kernel` owns the MegaMoE CUDA kernels and everything that is specific to them: the
-//! weight transforms from the canonical MXFP4 layout into each kernel's layout, the JIT
+//! weight transforms from the canonical MXFP4 layout into each kernel's layout, the activation
+//! pools' channel order ([`pool_order`]) that every pool writer follows, the JIT
 //! specializations (`KernelSpec`s) and their launches: the Hopper grouped GEMM
 //! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`]) and the engine of the
 //! unfused and fused pipelines, and the unfused pipeline's glue kernels ([`unfused`]).

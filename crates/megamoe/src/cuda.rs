@@ -330,10 +330,7 @@ impl<'w> CudaRank<'w> {
         let d0 = marks.mark(&stream)?;
         self.pipe.dispatch(gpu)?;
         let d1 = marks.mark(&stream)?;
-        let waited = Instant::now();
-        self.pipe.stage_sync(gpu)?;
-        world.barrier()?;
-        times.waits = waited.elapsed();
+        times.waits = wait_for_peers(&self.pipe, gpu, world)?;
 
         let g0 = marks.mark(&stream)?;
         self.pipe.l1(gpu, &self.jit)?;
@@ -344,10 +341,7 @@ impl<'w> CudaRank<'w> {
         let g3 = marks.mark(&stream)?;
         self.pipe.combine_send(gpu)?;
         let g4 = marks.mark(&stream)?;
-        let waited = Instant::now();
-        self.pipe.stage_sync(gpu)?;
-        world.barrier()?;
-        times.waits += waited.elapsed();
+        times.waits += wait_for_peers(&self.pipe, gpu, world)?;
 
         let c0 = marks.mark(&stream)?;
         self.pipe.combine_reduce(gpu)?;
@@ -377,6 +371,15 @@ impl Drop for CudaRank<'_> {
             tracing::warn!(rank = self.world.rank(), error = %e, "GPU synchronize before releasing the pipeline failed");
         }
     }
+}
+
+/// Collective: waits until this rank's kernels are done and every rank got there (peers write into
+/// each other's buffers between the stages); how long it waited.
+fn wait_for_peers(pipe: &Pipeline, gpu: &Gpu, world: &World) -> Result<Duration, CudaError> {
+    let waited = Instant::now();
+    pipe.stage_sync(gpu)?;
+    world.barrier()?;
+    Ok(waited.elapsed())
 }
 
 /// Collective: the largest of every rank's `tokens` (the T_max every rank builds its pipeline for).
