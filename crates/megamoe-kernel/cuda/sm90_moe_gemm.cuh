@@ -72,17 +72,21 @@ struct Layout {
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
-  static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024;
+  // One CTA per SM: 1 KiB per consumer warp to turn its outputs into whole rows (the epilogue).
+  static constexpr int kEpilogueBytes = kCtas == 1 ? 8 * 1024 : 0;
+  static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
-  // alignment slack, the stages, full/empty/scales-ready mbarriers, the FP8 fold tables (15 x 8 B)
+  // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
+  // fold tables (15 x 8 B)
   static constexpr int kTableBytes = 128;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kBarrierBytes + kTableBytes;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes;
   // Offsets from the aligned base: the barriers and tables are found from it, not kept in registers.
-  static constexpr int kFullAt = kStages * kStageBytes;
+  static constexpr int kEpilogueAt = kStages * kStageBytes;
+  static constexpr int kFullAt = kEpilogueAt + kEpilogueBytes;
   static constexpr int kEmptyAt = kFullAt + 8 * kStages;
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
-  static constexpr int kTablesAt = kStages * kStageBytes + kBarrierBytes;
+  static constexpr int kTablesAt = kFullAt + kBarrierBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
@@ -293,6 +297,41 @@ struct Consumer {
     held[0] = stage;
     release<0>();
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+  }
+
+  // Epilogue with one CTA per SM: BF16 outputs through this warp's 1 KiB of shared memory, 32
+  // tokens at a time. stmatrix.trans turns the accumulator fragments (weight rows x token pairs)
+  // into token rows of the warp's 16 consecutive outputs, which two lanes store as one whole
+  // 32-byte sector instead of sixteen scattered 2-byte stores. Stored row (token) c of a round sits
+  // at c * 32 B, its halves swapped when c % 8 >= 4 (no bank conflicts either way).
+  // `out_rows`: out[first pool row of the tile][first weight row of this warp].
+  __device__ __forceinline__ void store_tile_staged(u16* out_rows, int n_out, int rows_left) {
+    u8* buf = smem + L::kEpilogueAt + (cw * 4 + tid / 32) * 1024;
+    const u32 buf_addr = smem_addr(buf);
+    const int m = lane / 8, j = lane % 8;  // the stored row this lane addresses: row j of matrix m
+#pragma unroll
+    for (int round = 0; round < BN / 32; ++round) {
+      u32 packed[8];  // matrix 2g + h: token group g of the round, weight rows r (h = 0) or r + 8
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int i = 16 * round + 4 * (q / 2) + 2 * (q % 2);
+        packed[q] = pack_bf16x2(acc[i], acc[i + 1]);
+      }
+      __syncwarp();  // the previous round's rows are read
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int g = 2 * x + m / 2, h = m % 2;
+        stmatrix_x4_trans(buf_addr + (8 * g + j) * 32 + ((h ^ (j >> 2)) & 1) * 16, packed[4 * x], packed[4 * x + 1],
+                          packed[4 * x + 2], packed[4 * x + 3]);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int y = 0; y < 2; ++y) {
+        const int token = 16 * y + lane / 2, h = lane % 2;
+        const uint4 v = *(const uint4*)(buf + token * 32 + ((h ^ ((token % 8) >> 2)) & 1) * 16);
+        if (32 * round + token < rows_left) *(uint4*)(out_rows + (size_t)(32 * round + token) * n_out + 8 * h) = v;
+      }
+    }
   }
 
   // FP8: chunk h of the stage in parity P into temp set B.
@@ -562,15 +601,20 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = p.expert_rows[e] - mb * BN;
       const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;
-      const int n0 = nt * kTileRows + c.row_r;
+      if constexpr (L::kEpilogueBytes > 0) {
+        c.store_tile_staged(p.out + row0 * p.n_out + nt * kTileRows + c.cw * 64 + (c.tid / 32) * 16, p.n_out,
+                            rows_left);
+      } else {  // two CTAs per SM: small tiles, no shared memory to spare
+        const int n0 = nt * kTileRows + c.row_r;
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) {
-        const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
-        const int n = n0 + 8 * ((i >> 1) & 1);
-        if (col < rows_left) {
-          unsigned short b;
-          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
-          p.out[(row0 + col) * p.n_out + n] = b;
+        for (int i = 0; i < BN / 2; ++i) {
+          const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
+          const int n = n0 + 8 * ((i >> 1) & 1);
+          if (col < rows_left) {
+            unsigned short b;
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
+            p.out[(row0 + col) * p.n_out + n] = b;
+          }
         }
       }
     }

@@ -1,5 +1,6 @@
 // sm90_ptx.cuh -- thin wrappers over the Hopper (sm_90a) instructions the kernels use: mbarriers,
-// TMA (tensor and 1-D bulk copies), WGMMA with A from registers (FP8 k32 and BF16 k16), setmaxnreg.
+// TMA (tensor and 1-D bulk copies), WGMMA with A from registers (FP8 k32 and BF16 k16), stmatrix,
+// setmaxnreg.
 // Descriptor and fragment layouts were checked on the H200 by ../shared/bench/wgmma_ceiling.cu.
 #pragma once
 
@@ -92,6 +93,21 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int K> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(K) : "memory"); }
 // Keeps the compiler from moving accumulator reads/writes across wgmma boundaries.
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// Four 8x8 b16 matrices stored transposed: register m holds this lane's pair of matrix m in the
+// mma fragment layout (row lane / 4, columns 2 (lane % 4) and +1); lanes 8m..8m+7 give the shared
+// addresses (16 B each) of the stored rows of matrix m, i.e. of its columns.
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+// BF16x2 of two floats, round to nearest even; `lo` in the low half (the lower address).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 
 // K-major operand in shared memory with 128-byte swizzle: 8-row atoms of 1024 B (1024-B aligned),
 // LBO unused (1), SBO = 1024 B. Advancing K within the 128-B row adds bytes >> 4 to the start field.
