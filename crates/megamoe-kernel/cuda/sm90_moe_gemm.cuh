@@ -18,6 +18,9 @@
 // weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
 // weight tiles of one token block in step: each loads half of the shared activation tile into both
 // (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
+// Epilogue: BF16 rows of the tile's outputs; with one CTA per SM each consumer warp turns its
+// fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores whole 32-byte
+// sectors; two CTAs per SM (small tiles, no shared memory to spare) store the fragments directly.
 //
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
