@@ -113,8 +113,11 @@ const TWO_CTAS: [(Mma, usize); 4] = [
 const DEFAULT_K_SPLIT: usize = 1;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
-/// With one CTA per SM, 1 KiB per consumer warp where the epilogue turns outputs into whole rows.
-const EPILOGUE_BYTES: usize = 8 * 1024;
+/// Shared memory where the epilogue turns outputs into whole rows: 1 KiB per consumer warp with
+/// one CTA per SM; two CTAs per SM (small tiles) have none to spare.
+const fn epilogue_bytes(ctas_per_sm: usize) -> usize {
+    if ctas_per_sm == 1 { 8 * 1024 } else { 0 }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GemmError {
@@ -211,8 +214,9 @@ impl TilePlan {
     /// small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
-        let epilogue = if ctas_per_sm == 1 { EPILOGUE_BYTES } else { 0 };
-        let stages = ((SMEM_BUDGET[ctas_per_sm - 1] - epilogue) / self.stage_bytes).min(MAX_STAGES);
+        let stages = ((SMEM_BUDGET[ctas_per_sm - 1] - epilogue_bytes(ctas_per_sm))
+            / self.stage_bytes)
+            .min(MAX_STAGES);
         Self {
             stages,
             ctas_per_sm,
@@ -252,8 +256,10 @@ impl TilePlan {
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's rows
     /// (one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables.
     pub fn smem_bytes(&self) -> usize {
-        let epilogue = if self.ctas_per_sm == 1 { EPILOGUE_BYTES } else { 0 };
-        1024 + self.stages * self.stage_bytes + epilogue + (24 * self.stages).next_multiple_of(16) + 128
+        1024 + self.stages * self.stage_bytes
+            + epilogue_bytes(self.ctas_per_sm)
+            + (24 * self.stages).next_multiple_of(16)
+            + 128
     }
 
     /// The JIT specialization.
