@@ -116,17 +116,15 @@ fn demo(
             .args(args))
     };
     let dir_str = dir.to_string_lossy().into_owned();
-    let ranks_n = ranks;
-    let (ranks, tokens) = (ranks.to_string(), tokens.to_string());
     megamoe(&[
         "gen",
         &dir_str,
         "--preset",
         preset,
         "--ranks",
-        &ranks,
+        &ranks.to_string(),
         "--tokens",
-        &tokens,
+        &tokens.to_string(),
         "--recipe",
         recipe,
         "--mask-fraction",
@@ -140,7 +138,7 @@ fn demo(
         .arg(&dir)
         .args(["--tol", "1e-5"]))?;
     match cuda_rt::Gpu::list() {
-        Ok(gpus) if gpus.len() >= ranks_n => {
+        Ok(gpus) if gpus.len() >= ranks => {
             // The same problem on the GPUs (the unfused pipeline), checked against the CPU's y.
             let gpu_dir = dir.with_extension("cuda");
             if gpu_dir.exists() {
@@ -168,7 +166,7 @@ fn demo(
         }
         Ok(gpus) => {
             eprintln!(
-                "{} GPU(s) for {ranks_n} ranks: the CPU backend ran; `--ranks {}` runs the GPU path here",
+                "{} GPU(s) for {ranks} ranks: the CPU backend ran; `--ranks {}` runs the GPU path here",
                 gpus.len(),
                 gpus.len()
             );

@@ -7,14 +7,12 @@ use barriers::error::{
     ERROR_WAIT_UNIT_LOG2,
 };
 use barriers::{BarrierWords, CUDA_HEADER, kernels};
-use cuda_rt::{Arch, Jit};
+use cuda_rt::Arch;
 use symm_mem::{BlockMs, SymmLayout, SymmParams};
 
 #[test]
 fn test_kernels_compile_spill_free_for_every_arch() {
-    let jit = Jit::new().unwrap_or_else(|e| {
-        panic!("{e}\nNVRTC tests need the CUDA toolkit: run scripts/cuda-toolchain.sh first")
-    });
+    let jit = cuda_rt::testing::jit();
     let spec = &kernels()[0];
     assert!(spec.no_spill);
     for arch in Arch::ALL {

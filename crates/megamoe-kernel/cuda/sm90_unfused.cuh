@@ -178,8 +178,9 @@ __device__ __forceinline__ void silu_table(float* table) {
 
 // Steps 2-3 of the contract for one pool row. Each lane takes 4 consecutive channels (one 8-byte load
 // of gate and one of up), G/4 lanes make one group of G channels: h in f32 as the host computes it
-// (silu_exact from the table, products in the contract's order, no FMA contraction), then the re-quantizer of fp_formats.cuh's requantize_group<G> with the
-// amax reduced over the group's lanes (fmaxf is exact and order free, so the bits are the same).
+// (silu_exact from the table, products in the contract's order, no FMA contraction), then the
+// re-quantizer of fp_formats.cuh's requantize_group<G> with the amax reduced over the group's lanes
+// (fmaxf is exact and order free, so the bits are the same).
 __device__ __forceinline__ void swiglu(const SwigluParams& p) {
   constexpr int kPer = 4;                     // channels per lane
   constexpr int kLanesPerGroup = UF_G / kPer;  // 8 (G = 32) or 32 (G = 128)

@@ -140,7 +140,7 @@ pub enum GemmError {
     NoResidentCluster { spec: String },
 }
 
-/// The shared-memory plan of one specialization; mirrors `Layout<BN, kG128>` in the kernel, which
+/// The shared-memory plan of one specialization; mirrors `Layout<BN, kFp8, kCtas>` in the kernel, which
 /// asserts at compile time that it agrees (`MM_SMEM_BYTES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TilePlan {

@@ -160,9 +160,13 @@ impl ActPool {
     /// the pool's channel order ([`pool_order`]) and, for FP8, the scales UE8M0 `[k/128][sf_stride]`,
     /// MN-major. FP8 needs a g128 pool.
     pub fn device_image(&self, mma: Mma, sf_stride: usize) -> (Vec<u8>, Option<Vec<u8>>) {
-        let natural = match mma {
-            Mma::Bf16 => self.widened(),
-            Mma::Fp8 => self.q.clone(),
+        let widened;
+        let natural: &[u8] = match mma {
+            Mma::Bf16 => {
+                widened = self.widened();
+                &widened
+            }
+            Mma::Fp8 => &self.q,
         };
         let row_bytes = self.k * mma.act_elem();
         let mut act = vec![0u8; natural.len()];

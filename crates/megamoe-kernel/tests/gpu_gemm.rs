@@ -200,7 +200,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
 fn setup() -> (Gpu, Jit) {
     (
         Gpu::open(0).expect("this test needs a CUDA GPU"),
-        Jit::new().expect("NVRTC"),
+        cuda_rt::testing::jit(),
     )
 }
 

@@ -186,7 +186,7 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
         v.sort();
         v[v.len() / 2].as_secs_f64()
     };
-    let device = median(&StageTimes::device);
+    let device = median(&|t: &StageTimes| t.wall);
     let kernels = median(&StageTimes::kernels);
     let with_io = median(&StageTimes::total);
     let communication = median(&|t: &StageTimes| t.dispatch + t.combine);
@@ -210,18 +210,21 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
         .filter(|_| config.num_ranks > 1)
         .map_or(0.0, |p| p.nvlink.pull + p.nvlink.write_back);
     // The kernels' shares of their own time (the host's waits overlap them).
-    let kernel_stages = |t: &StageTimes| [t.dispatch, t.l1, t.swiglu, t.l2, t.combine];
     let kernel_total: f64 = runs
         .iter()
         .map(|r| r.kernels().as_secs_f64())
         .sum::<f64>()
         .max(1e-12);
-    let stage_shares = ["dispatch", "L1", "swiglu", "L2", "combine"]
+    let stage_shares = runs[0]
+        .kernel_stages()
         .iter()
         .enumerate()
-        .map(|(s, name)| {
-            let sum: f64 = runs.iter().map(|r| kernel_stages(r)[s].as_secs_f64()).sum();
-            ((*name).to_owned(), 100.0 * sum / kernel_total)
+        .map(|(s, &(name, _))| {
+            let sum: f64 = runs
+                .iter()
+                .map(|r| r.kernel_stages()[s].1.as_secs_f64())
+                .sum();
+            (name.to_owned(), 100.0 * sum / kernel_total)
         })
         .collect();
     BenchRow {

@@ -37,6 +37,9 @@ use crate::{Config, Problem, RankInputs, RankWeights};
 /// collective among them times out much earlier, after [`ProcessEnv::DEFAULT_TIMEOUT`]).
 pub const PROCESS_DEADLINE: Duration = Duration::from_secs(3600);
 
+/// Stage marks of one forward: around dispatch, the GEMM stages and combine send, combine reduce.
+const FORWARD_MARKS: usize = 9;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     #[error(
@@ -95,7 +98,8 @@ pub struct StageTimes {
     pub combine: Duration,
     /// Host: the cross-rank waits (synchronize + barrier after dispatch and after combine send).
     pub waits: Duration,
-    /// Wall clock from the start of `route` to y complete on the device.
+    /// Wall clock from the start of `route` to y complete on the device: everything but the
+    /// host's upload of the inputs and download of y.
     pub wall: Duration,
     /// Host: the download of y.
     pub download: Duration,
@@ -107,14 +111,20 @@ impl StageTimes {
         self.upload + self.wall + self.download
     }
 
-    /// Everything but the host's upload of the inputs and download of y (wall clock).
-    pub fn device(&self) -> Duration {
-        self.wall
-    }
-
     /// The kernels alone.
     pub fn kernels(&self) -> Duration {
-        self.dispatch + self.l1 + self.swiglu + self.l2 + self.combine
+        self.kernel_stages().iter().map(|&(_, d)| d).sum()
+    }
+
+    /// (name, time) of every kernel stage, in order.
+    pub fn kernel_stages(&self) -> [(&'static str, Duration); 5] {
+        [
+            ("dispatch", self.dispatch),
+            ("L1", self.l1),
+            ("swiglu", self.swiglu),
+            ("L2", self.l2),
+            ("combine", self.combine),
+        ]
     }
 
     /// (name, time) of every part, in order.
@@ -238,7 +248,7 @@ impl<'w> CudaRank<'w> {
             pipe,
             symm,
             config: *config,
-            marks: EventTrail::new(gpu, 10)?,
+            marks: EventTrail::new(gpu, FORWARD_MARKS)?,
         })
     }
 
@@ -610,7 +620,6 @@ mod tests {
             download: Duration::from_micros(8),
         };
         assert_eq!(t.kernels(), Duration::from_micros(20));
-        assert_eq!(t.device(), Duration::from_micros(40));
         assert_eq!(t.total(), Duration::from_micros(55));
         assert_eq!(t.stages()[3], ("L1", Duration::from_micros(3)));
         assert_eq!(

@@ -120,6 +120,7 @@ pub fn choose_experts_per_wave(inputs: &WaveInputs) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn l1_blocks_hold_whole_requantization_groups() {
@@ -127,8 +128,6 @@ mod tests {
         assert_eq!(l1_block_n(DEFAULT_BLOCK_N, 128), 256);
         assert_eq!(l1_block_n(512, 128), 512);
     }
-
-    use super::*;
 
     #[test]
     fn block_m_follows_mean_plus_two_sigma() {

@@ -379,7 +379,8 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
 fn run_cuda(dir: &Path, world: WorldKind, mma: Mma) -> anyhow::Result<()> {
     let start = Instant::now();
     // Refused before any GPU work, on any machine.
-    let recipe = files::read_config(dir)?.recipe;
+    let config = files::read_config(dir)?;
+    let recipe = config.recipe;
     if !mma.supports(recipe) {
         bail!(
             "--mma {mma} cannot run the {recipe} recipe of {}: the FP8 route promotes once per 128 \
@@ -394,7 +395,6 @@ fn run_cuda(dir: &Path, world: WorldKind, mma: Mma) -> anyhow::Result<()> {
             println!("rank {}: T = {}: {}", run.rank, run.tokens, run.times);
             return Ok(());
         }
-        let config = files::read_config(dir)?;
         files::check_rank_files(dir, &config)?;
         launch_ranks(config.num_ranks)?;
         println!(

@@ -414,7 +414,6 @@ fn l2_block(job: &Job, me: &RankThread, pool: &PoolLayout, block: &Block) -> Res
     Ok(())
 }
 
-/// The combine of this thread's tokens: valid slots in increasing j, f32 sum, BF16.
 /// Pool rows `rows` of rank `r` (FP8 codes `width` wide and their scales per `g`), dequantized.
 ///
 /// # Safety
@@ -437,6 +436,7 @@ unsafe fn pool_acts(
     reference::dequantize_act(q, sf, width, g)
 }
 
+/// The combine of this thread's tokens: valid slots in increasing j, f32 sum, BF16.
 fn combine(job: &Job, me: &RankThread, y: &mut [bf16], first_token: usize) {
     let (world, layout, r) = (me.world, me.world.layout, me.rank);
     let (h, k) = (job.config.hidden, job.config.top_k);
