@@ -18,9 +18,9 @@
 // weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
 // weight tiles of one token block in step: each loads half of the shared activation tile into both
 // (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
-// Epilogue: BF16 rows of the tile's outputs; with one CTA per SM each consumer warp turns its
-// fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores whole 32-byte
-// sectors; two CTAs per SM (small tiles, no shared memory to spare) store the fragments directly.
+// Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
+// warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
+// whole 32-byte sectors; otherwise the fragments are stored directly.
 //
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
@@ -75,8 +75,9 @@ struct Layout {
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
-  // One CTA per SM: 1 KiB per consumer warp to turn its outputs into whole rows (the epilogue).
-  static constexpr int kEpilogueBytes = kCtas == 1 ? 8 * 1024 : 0;
+  // FP8 with one CTA per SM: 1 KiB per consumer warp to turn its outputs into whole rows (the
+  // epilogue; gemm.rs's `epilogue_bytes` says why only there).
+  static constexpr int kEpilogueBytes = kFp8 && kCtas == 1 ? 8 * 1024 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
@@ -302,7 +303,7 @@ struct Consumer {
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
-  // Epilogue with one CTA per SM: BF16 outputs through this warp's 1 KiB of shared memory, 32
+  // Epilogue of FP8 one-CTA tiles: BF16 outputs through this warp's 1 KiB of shared memory, 32
   // tokens at a time. stmatrix.trans turns the accumulator fragments (weight rows x token pairs)
   // into token rows of the warp's 16 consecutive outputs, which two lanes store as one whole
   // 32-byte sector instead of sixteen scattered 2-byte stores. Stored row (token) c of a round sits
@@ -607,7 +608,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       if constexpr (L::kEpilogueBytes > 0) {
         c.store_tile_staged(p.out + row0 * p.n_out + nt * kTileRows + c.cw * 64 + (c.tid / 32) * 16, p.n_out,
                             rows_left);
-      } else {  // two CTAs per SM: small tiles, no shared memory to spare
+      } else {
         const int n0 = nt * kTileRows + c.row_r;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {

@@ -113,10 +113,16 @@ const TWO_CTAS: [(Mma, usize); 4] = [
 const DEFAULT_K_SPLIT: usize = 1;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
-/// Shared memory where the epilogue turns outputs into whole rows: 1 KiB per consumer warp with
-/// one CTA per SM; two CTAs per SM (small tiles) have none to spare.
-const fn epilogue_bytes(ctas_per_sm: usize) -> usize {
-    if ctas_per_sm == 1 { 8 * 1024 } else { 0 }
+/// Shared memory where the epilogue turns outputs into whole rows: 1 KiB per consumer warp for
+/// FP8 tiles with one CTA per SM. 2026-11-30, H200, both in one run (perf.md v19): FP8 T=8192
+/// −3 %, but the BF16 route's 256-token cluster tiles +3 % (the pipeline's mx32 +7 %), so BF16
+/// keeps storing its fragments directly; two CTAs per SM (small tiles) have no memory to spare.
+const fn epilogue_bytes(mma: Mma, ctas_per_sm: usize) -> usize {
+    if matches!(mma, Mma::Fp8) && ctas_per_sm == 1 {
+        8 * 1024
+    } else {
+        0
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +220,7 @@ impl TilePlan {
     /// small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
-        let stages = ((SMEM_BUDGET[ctas_per_sm - 1] - epilogue_bytes(ctas_per_sm))
+        let stages = ((SMEM_BUDGET[ctas_per_sm - 1] - epilogue_bytes(self.mma, ctas_per_sm))
             / self.stage_bytes)
             .min(MAX_STAGES);
         Self {
@@ -254,10 +260,10 @@ impl TilePlan {
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's rows
-    /// (one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables.
+    /// (FP8, one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
-            + epilogue_bytes(self.ctas_per_sm)
+            + epilogue_bytes(self.mma, self.ctas_per_sm)
             + (24 * self.stages).next_multiple_of(16)
             + 128
     }
