@@ -252,6 +252,26 @@ impl Kernel {
             .call("cuOccupancyMaxActiveClusters")?;
         Ok(clusters.max(0) as u32)
     }
+
+    /// How many blocks of `threads` threads and `dynamic_smem_bytes` of dynamic shared memory can
+    /// be resident on one SM at once (`cuOccupancyMaxActiveBlocksPerMultiprocessor`).
+    pub fn max_active_blocks_per_sm(&self, threads: u32, dynamic_smem_bytes: u32) -> Result<u32> {
+        self.reserve_dynamic_smem(dynamic_smem_bytes)?;
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        let mut blocks = 0i32;
+        // SAFETY: a loaded function and plain numbers.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut blocks,
+                self.cu_function(),
+                threads as i32,
+                dynamic_smem_bytes as usize,
+            )
+        }
+        .result()
+        .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+        Ok(blocks.max(0) as u32)
+    }
 }
 
 fn attribute(

@@ -7,7 +7,9 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--k-split 1|2|4] [--probe]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300]`
+
+use std::time::{Duration, Instant};
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
@@ -51,12 +53,26 @@ struct Args {
     /// FP8 promotions per k128 block (default: the plan's).
     #[arg(long)]
     k_split: Option<usize>,
+    /// Milliseconds of running the variants before sampling them.
+    #[arg(long, default_value_t = 300)]
+    warm_up_ms: u64,
+    /// Stream-K for the last rounds of two-CTA tiles, a list to compare (default: the plan's).
+    #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
+    stream_k: Vec<bool>,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
 }
 
 /// Rows per expert of a uniform random top-k routing (distinct experts per token).
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("`{s}`: on or off")),
+    }
+}
+
 fn route(tokens: usize, seed: u64) -> Vec<usize> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut rows = vec![0; EXPERTS];
@@ -81,21 +97,36 @@ fn median(mut v: Vec<f32>) -> f32 {
     v[v.len() / 2]
 }
 
-fn time_ms(gpu: &Gpu, mut f: impl FnMut()) -> f32 {
+/// Milliseconds per call of each of `fs` (medians), sampled in turn: A B C A B C ... after
+/// `warm_up` of running them all, so that every variant meets the GPU in the same state. (Timed
+/// one after the other, a second variant of the same kernel ran up to 10 % slower than the first,
+/// 2026-11-30.)
+fn time_interleaved(gpu: &Gpu, warm_up: Duration, fs: &mut [&mut dyn FnMut()]) -> Vec<f32> {
     let timer = GpuTimer::new(gpu).unwrap();
-    for _ in 0..3 {
-        f();
+    let start = Instant::now();
+    for f in fs.iter_mut() {
+        (0..3).for_each(|_| f()); // module load and first-launch work
     }
-    median(
-        (0..REPS)
-            .map(|_| {
-                timer.start(gpu.stream()).unwrap();
-                (0..LAUNCHES_PER_SAMPLE).for_each(|_| f());
-                timer.stop(gpu.stream()).unwrap();
-                timer.elapsed_ms().unwrap() / LAUNCHES_PER_SAMPLE as f32
-            })
-            .collect(),
-    )
+    while start.elapsed() < warm_up {
+        for f in fs.iter_mut() {
+            (0..LAUNCHES_PER_SAMPLE).for_each(|_| f());
+        }
+        gpu.synchronize().unwrap();
+    }
+    let mut samples = vec![Vec::with_capacity(REPS); fs.len()];
+    for _ in 0..REPS {
+        for (f, samples) in fs.iter_mut().zip(&mut samples) {
+            timer.start(gpu.stream()).unwrap();
+            (0..LAUNCHES_PER_SAMPLE).for_each(|_| f());
+            timer.stop(gpu.stream()).unwrap();
+            samples.push(timer.elapsed_ms().unwrap() / LAUNCHES_PER_SAMPLE as f32);
+        }
+    }
+    samples.into_iter().map(median).collect()
+}
+
+fn time_ms(gpu: &Gpu, mut f: impl FnMut()) -> f32 {
+    time_interleaved(gpu, Duration::ZERO, &mut [&mut f])[0]
 }
 
 /// HBM bandwidth of a 2 GiB device-to-device copy (bytes read + written).
@@ -124,8 +155,11 @@ fn main() {
         ctas,
         cluster,
         k_split,
+        stream_k,
+        warm_up_ms,
         ..
     } = clap::Parser::parse();
+    let warm_up = Duration::from_millis(warm_up_ms);
     let clusters: Vec<Option<usize>> = if cluster.is_empty() {
         vec![None]
     } else {
@@ -147,7 +181,7 @@ fn main() {
         hbm / 1e9
     );
     println!(
-        "{:<9} {:>5} {:>8} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "{:<9} {:>5} {:>11} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
         "route",
         "T",
         "bn/c/cl",
@@ -202,63 +236,92 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
+            let stream_ks: Vec<Option<bool>> = if stream_k.is_empty() {
+                vec![None]
+            } else {
+                stream_k.iter().copied().map(Some).collect()
+            };
             let variants = bns
                 .into_iter()
                 .filter(|bn| token_tiles(mma).contains(bn))
-                .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)));
-            for (bn, cluster) in variants {
-                let mut plan = TilePlan {
-                    probe,
-                    ..TilePlan::new(mma, bn).unwrap()
-                };
-                if let Some(ctas) = ctas {
-                    plan = plan.with_ctas_per_sm(ctas);
-                }
-                if let Some(cluster) = cluster {
-                    plan = plan.with_cluster(cluster);
-                }
-                // One core serves both layers: their weights fold alike here.
-                assert_eq!(
-                    layers[0].weights.fold, layers[1].weights.fold,
-                    "L1 and L2 fold alike"
-                );
-                plan = plan.with_fold(layers[0].weights.fold);
-                if let Some(k_split) = k_split {
-                    plan = plan.with_k_split(k_split);
-                }
-                let core = GemmCore::new(&gpu, &jit, plan).unwrap();
-                let mut times = Vec::new();
-                let mut bytes_total = 0usize;
-                for (layer, (pool, sf_stride, act, act_sf, offsets, counts, out)) in
-                    layers.iter().zip(pools.iter_mut())
-                {
-                    let k = layer.weights.k;
-                    let device_pool = Pool {
-                        act: DeviceBytes::of(&gpu, act),
-                        act_sf: act_sf.as_ref().map(|sf| DeviceBytes::of(&gpu, sf)),
-                        sf_stride: *sf_stride,
-                        rows: pool.rows,
-                        expert_offset: &pool.expert_offset,
-                        expert_rows: &pool.expert_rows,
-                        expert_offset_dev: offsets,
-                        expert_rows_dev: counts,
+                .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)))
+                .flat_map(|(bn, cl)| stream_ks.iter().map(move |&sk| (bn, cl, sk)));
+            let mut cores: Vec<GemmCore> = variants
+                .map(|(bn, cluster, sk)| {
+                    let mut plan = TilePlan {
+                        probe,
+                        ..TilePlan::new(mma, bn).unwrap()
                     };
-                    times.push(time_ms(&gpu, || {
-                        core.run(&gpu, &layer.weights, &device_pool, out).unwrap()
-                    }));
-                    bytes_total += hit * layer.weights.bytes_per_expert()
-                        + pairs * (k * mma.act_elem() + layer.weights.n * 2);
-                    tracing::debug!(layer = layer.name, ms = times.last().unwrap(), "timed");
-                }
+                    if let Some(ctas) = ctas {
+                        plan = plan.with_ctas_per_sm(ctas);
+                    }
+                    if let Some(cluster) = cluster {
+                        plan = plan.with_cluster(cluster);
+                    }
+                    if let Some(sk) = sk {
+                        plan = plan.with_stream_k(sk);
+                    }
+                    // One core serves both layers: their weights fold alike here.
+                    assert_eq!(
+                        layers[0].weights.fold, layers[1].weights.fold,
+                        "L1 and L2 fold alike"
+                    );
+                    plan = plan.with_fold(layers[0].weights.fold);
+                    if let Some(k_split) = k_split {
+                        plan = plan.with_k_split(k_split);
+                    }
+                    GemmCore::new(&gpu, &jit, plan).unwrap()
+                })
+                .collect();
+            // times[layer][variant], every variant of a layer sampled in turn.
+            let mut times = Vec::new();
+            let mut bytes_total = 0usize;
+            for (layer, (pool, sf_stride, act, act_sf, offsets, counts, out)) in
+                layers.iter().zip(pools.iter_mut())
+            {
+                let k = layer.weights.k;
+                let device_pool = Pool {
+                    act: DeviceBytes::of(&gpu, act),
+                    act_sf: act_sf.as_ref().map(|sf| DeviceBytes::of(&gpu, sf)),
+                    sf_stride: *sf_stride,
+                    rows: pool.rows,
+                    expert_offset: &pool.expert_offset,
+                    expert_rows: &pool.expert_rows,
+                    expert_offset_dev: offsets,
+                    expert_rows_dev: counts,
+                };
+                // Every variant writes the same output: they run one after another on one stream.
+                let out = std::cell::RefCell::new(out);
+                let mut runs: Vec<_> = cores
+                    .iter_mut()
+                    .map(|core| {
+                        let (weights, pool, gpu, out) = (&layer.weights, &device_pool, &gpu, &out);
+                        move || core.run(gpu, weights, pool, &mut out.borrow_mut()).unwrap()
+                    })
+                    .collect();
+                let mut fs: Vec<&mut dyn FnMut()> =
+                    runs.iter_mut().map(|f| f as &mut dyn FnMut()).collect();
+                times.push(time_interleaved(&gpu, warm_up, &mut fs));
+                bytes_total += hit * layer.weights.bytes_per_expert()
+                    + pairs * (k * mma.act_elem() + layer.weights.n * 2);
+                tracing::debug!(layer = layer.name, ms = ?times.last().unwrap(), "timed");
+            }
+            for (v, core) in cores.iter().enumerate() {
                 let flops = |n: usize, k: usize| 2.0 * pairs as f64 * n as f64 * k as f64;
                 let (f1, f2) = (flops(2 * INTER, HIDDEN), flops(HIDDEN, INTER));
-                let (t1, t2) = (times[0] as f64 * 1e-3, times[1] as f64 * 1e-3);
+                let (t1, t2) = (times[0][v] as f64 * 1e-3, times[1][v] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
-                    "{:<9} {:>5} {:>8} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    "{:<9} {:>5} {:>11} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
                     format!("{recipe}/{mma}"),
                     t,
-                    format!("{bn}/{}/{}", core.plan.ctas_per_sm, core.plan.cluster),
+                    format!(
+                        "{}/{}/{}{}",
+                        core.plan.tokens_per_tile,
+                        core.plan.ctas_per_sm,
+                        core.plan.cluster,
+                        if core.plan.splits_tail() { "/sk" } else { "" }
+                    ),
                     hit,
                     t1 * 1e6,
                     f1 / t1 / 1e12,

@@ -18,6 +18,14 @@
 // weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
 // weight tiles of one token block in step: each loads half of the shared activation tile into both
 // (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
+// Stream-K (two-CTA tiles, `stream_k`): a persistent grid walking whole tiles loses most of
+// its last round when the tile count is not a multiple of the grid (small T: L2 of V4-Pro at
+// T = 128 is 10.2 rounds, run as 11). So all rounds but the last one or two are whole tiles, and
+// the rest is cut into equal runs of k128 blocks, one run per CTA, at least a tile long. A tile is
+// then split at most once, between consecutive CTAs c and c + 1: c + 1 takes the tail of its K
+// first and hands over its FP32 sums (`partials`, flag `partial_ready`); c takes the head last,
+// adds them (head + tail: a fixed order, so results do not depend on timing) and stores the tile.
+// Every CTA of the grid is resident at once (the grid is the occupancy), so c's wait ends.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
 // whole 32-byte sectors; otherwise the fragments are stored directly.
@@ -64,6 +72,12 @@ struct GemmParams {
   int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
   int k;                     // multiple of 128
   int sf_stride;             // FP8: pool rows padded; >= max(offset + align(rows, BN))
+  // Stream-K (kCluster == 1): per CTA the FP32 sums of the tile tail it starts with, per consumer
+  // warp in fragment order [grid][8][BN / 8][32] float4, and a flag per (CTA, warp), 0 between
+  // launches (the reader clears it).
+  float* partials;
+  u32* partial_ready;
+  int stream_k;
 };
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
@@ -83,54 +97,112 @@ struct Layout {
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
   // fold tables (15 x 8 B)
   static constexpr int kTableBytes = 128;
+  // The producer's unit descriptors (UnitDesc), a ring one longer than the stages: it can run at
+  // most kStages stages, so kStages units, ahead of the consumers' last read.
+  static constexpr int kUnitSlots = kStages + 1;
+  static constexpr int kUnitBytes = kUnitSlots * 16;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes;
+  static constexpr int kSmemBytes =
+      1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes + kUnitBytes;
   // Offsets from the aligned base: the barriers and tables are found from it, not kept in registers.
   static constexpr int kEpilogueAt = kStages * kStageBytes;
   static constexpr int kFullAt = kEpilogueAt + kEpilogueBytes;
   static constexpr int kEmptyAt = kFullAt + 8 * kStages;
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
   static constexpr int kTablesAt = kFullAt + kBarrierBytes;
+  static constexpr int kItemsAt = kTablesAt + 120;  // after the 15 tables: the launch's item count
+  static constexpr int kUnitsAt = kTablesAt + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
 };
 
-// Walks the work of one CTA in order; every role keeps its own copy and advances it identically.
+// A piece of work: k128 blocks [kb_begin, kb_end) of one tile (expert, weight tile, token block).
+struct WorkUnit {
+  int expert, n_tile, m_block, kb_begin, kb_end;
+};
+
+// A unit as the producer hands it to the converter warp and the consumers, in shared memory (slot
+// n % kUnitSlots), written before the arrive that completes the unit's first stage; the consumers
+// re-read it after their main loop instead of holding it in registers they do not have.
+// kb_end == 0 marks the end of the CTA's work (its stage completes without data).
+struct UnitDesc {
+  int row0;       // first pool row of the tile
+  int rows;       // rows of the tile that exist (the expert's rows from row0, at most BN)
+  int n_col;      // first output column (weight row) of the tile; >= n_out: a cluster's ghost
+  u32 kb_range;   // kb_begin | kb_end << 16
+};
+
+// Walks the work of one CTA in order (the producer; it tells the other roles through UnitDesc).
 // A work item is (expert, group of kGroup consecutive weight tiles, token block): a cluster of
 // kGroup CTAs takes one item at a time, each CTA the weight tile of its rank in the cluster (the
-// last group of an odd tile count has a ghost tile, past n_out).
-template <int kGroup>
+// last group of an odd tile count has a ghost tile, past n_out). Whole items come first, strided
+// over the grid (CTAs working at once share weight and activation tiles through L2); with stream-K
+// the items of the last one or two rounds are cut into runs of k128 blocks, one contiguous run per
+// CTA.
+template <int kGroup, int BN, bool kStreamK>
 struct TileWalker {
-  const GemmParams* p;
-  int expert = 0, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
+  // The kernel's parameters, by reference: reads come from the constant bank, not through a
+  // pointer held in the producer's 48 registers.
+  const GemmParams& p;
+  // Every item of the launch (stream-K only), in shared memory: the producer has 48 registers.
+  const volatile int* launch_items;
+  int expert = -1, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
 
-  __device__ void init(const GemmParams* params, int bn) {
-    p = params;
-    expert = -1;
-    expert_first_item = 0;
-    expert_items = 0;
-    next_expert(bn);
+  __device__ TileWalker(const GemmParams& params, const int* items) : p(params), launch_items(items) {
+    next_expert();
   }
-  __device__ void next_expert(int bn) {
+  __device__ void next_expert() {
     expert_first_item += expert_items;
     ++expert;
-    expert_m_blocks = expert < p->num_experts ? (p->expert_rows[expert] + bn - 1) / bn : 0;
-    expert_items = expert_m_blocks * ((p->n_out / kTileRows + kGroup - 1) / kGroup);
+    expert_m_blocks = expert < p.num_experts ? (p.expert_rows[expert] + BN - 1) / BN : 0;
+    expert_items = expert_m_blocks * ((p.n_out / kTileRows + kGroup - 1) / kGroup);
   }
   // Finds item `idx` (non-decreasing between calls) and the weight tile of cluster rank `rank` in
   // it. Returns false past the last item.
-  __device__ bool seek(int idx, int bn, int rank, int& e, int& n_tile, int& m_block) {
-    while (expert < p->num_experts && idx >= expert_first_item + expert_items) next_expert(bn);
-    if (expert >= p->num_experts) return false;
+  __device__ bool seek(int idx, int rank, WorkUnit& u) {
+    while (expert < p.num_experts && idx >= expert_first_item + expert_items) next_expert();
+    if (expert >= p.num_experts) return false;
     const int local = idx - expert_first_item;
-    e = expert;
-    n_tile = local / expert_m_blocks * kGroup + rank;
-    m_block = local % expert_m_blocks;
+    u.expert = expert;
+    u.n_tile = local / expert_m_blocks * kGroup + rank;
+    u.m_block = local % expert_m_blocks;
     return true;
   }
+  // This CTA's unit n (n = 0, 1, ... in turn); false when there is none. The schedule is
+  // recomputed each time rather than held in registers.
+  __device__ bool unit(int n, int rank, WorkUnit& u) {
+    const int ctas = gridDim.x / kGroup, me = blockIdx.x / kGroup, k_blocks = p.k / kBlockK;
+    const int total = *launch_items;
+    const bool split = kStreamK && p.stream_k && total >= ctas;
+    // Whole rounds but the last one or two; the runs then cover >= one tile each, so a tile is
+    // split at most once and its head is the last unit of one CTA, its tail the first of the next.
+    const int rounds = split ? total / ctas - 1 : 0x7fffffff;
+    u.kb_begin = 0;
+    u.kb_end = k_blocks;
+    if (n < rounds) return seek(me + n * ctas, rank, u);
+    const int first = rounds * ctas * k_blocks, iters = (total - rounds * ctas) * k_blocks;
+    const int per_cta = (iters + ctas - 1) / ctas;
+    const int run_begin = first + min(iters, me * per_cta), run_end = first + min(iters, (me + 1) * per_cta);
+    const int j = n - rounds;  // this run's unit j: the run's first (maybe partial) tile, then whole ones
+    const int begin = j == 0 ? run_begin : (run_begin / k_blocks + j) * k_blocks;
+    if (begin >= run_end) return false;
+    const int item = begin / k_blocks;
+    u.kb_begin = begin - item * k_blocks;
+    u.kb_end = min(k_blocks, run_end - item * k_blocks);
+    return seek(item, rank, u);
+  }
 };
+
+// Every item of the launch: the stream-K split needs the total, which only the device knows (the
+// expert row counts are written by the dispatch). One warp sums it.
+template <int kGroup>
+__device__ int count_items(const GemmParams& p, int bn, int lane) {  // lane: of a whole warp
+  int blocks = 0;
+  for (int e = lane; e < p.num_experts; e += 32) blocks += (p.expert_rows[e] + bn - 1) / bn;
+  return __reduce_add_sync(0xffffffffu, blocks) * ((p.n_out / kTileRows + kGroup - 1) / kGroup);
+}
 
 // ---------------------------------------------------------------- weight decode
 // In pool order (pool_order.cuh) every weight a thread holds in a stage is from scale block t, so a
@@ -191,10 +263,10 @@ template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, 
 struct Consumer {
   using L = Layout<BN, kFp8, kCtas>;
   // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers); with
-  // two CTAs per SM (96 registers) 16, or a whole 32-token tile with the default fold (one base per
-  // row, tables in registers), the only one that fits it without spilling.
+  // two CTAs per SM (96 registers) 16. (A whole 32-token tile per chunk fit once, with 6 % fewer
+  // instructions and no measured gain, v14; the stream-K schedule took those registers.)
   static constexpr int kNsub = !kFp8                ? BN
-                               : kCtas == 2         ? (BN == 32 && kRowBase && kRegs ? 32 : 16)
+                               : kCtas == 2         ? 16
                                : BN <= 64           ? BN
                                : kKSplit == 1       ? 64
                                                     : 32;
@@ -205,7 +277,7 @@ struct Consumer {
   static constexpr int kAregs = 16;
 
   u8* smem;
-  int cw, tid, lane, t, row_r;
+  int thread, lane, t, row_r;  // thread: among the 256 consumer threads (= 128 warpgroup + thread in it)
   int stage = 0;   // next stage to wait for
   u32 phase = 0;
   int held[2];     // ring stage whose fragments are in parity P
@@ -236,7 +308,7 @@ struct Consumer {
     mbar_wait(scales_ready(stage), phase);
     held[P] = stage;
     const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
-    const uint2* codes = stage_codes(stage) + cw * 128 + tid;
+    const uint2* codes = stage_codes(stage) + thread;
     const fp::E4m3Table tr = fold_table_at<kRegs>((meta_r >> (4 * t)) & 0xf, fold_table());
     const fp::E4m3Table tr8 = fold_table_at<kRegs>((meta_r8 >> (4 * t)) & 0xf, fold_table());
 #pragma unroll
@@ -260,7 +332,7 @@ struct Consumer {
   // BF16: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H.
   template <int H>
   __device__ __forceinline__ void bf16_decode_half() {
-    const uint2* codes = stage_codes(held[0]) + cw * 128 + tid;
+    const uint2* codes = stage_codes(held[0]) + thread;
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       const int j = 2 * H + jj;
@@ -310,7 +382,7 @@ struct Consumer {
   // at c * 32 B, its halves swapped when c % 8 >= 4 (no bank conflicts either way).
   // `out_rows`: out[first pool row of the tile][first weight row of this warp].
   __device__ __forceinline__ void store_tile_staged(u16* out_rows, int n_out, int rows_left) {
-    u8* buf = smem + L::kEpilogueAt + (cw * 4 + tid / 32) * 1024;
+    u8* buf = smem + L::kEpilogueAt + (consumer_warp()) * 1024;
     const u32 buf_addr = smem_addr(buf);
     const int m = lane / 8, j = lane % 8;  // the stored row this lane addresses: row j of matrix m
 #pragma unroll
@@ -335,6 +407,48 @@ struct Consumer {
         const uint4 v = *(const uint4*)(buf + token * 32 + ((h ^ ((token % 8) >> 2)) & 1) * 16);
         if (32 * round + token < rows_left) *(uint4*)(out_rows + (size_t)(32 * round + token) * n_out + 8 * h) = v;
       }
+    }
+  }
+
+  // This warp among the 8 consumer warps, from the thread index (a member would cost a register
+  // the main loop needs).
+  __device__ __forceinline__ static int consumer_warp() { return (int)threadIdx.x / 32 - 4; }
+  // Stream-K: this warp's FP32 sums of a tile tail, for the CTA before this one (slot blockIdx.x).
+  // Fragment order, one float4 per 32 lanes at a time: whole 512-B lines.
+  __device__ __forceinline__ void store_partial(float* partials, u32* ready) const {
+    const int w = consumer_warp();
+    float4* dst = (float4*)partials + (size_t)(blockIdx.x * 8 + w) * (BN / 8) * 32 + lane;
+#pragma unroll
+    for (int q = 0; q < BN / 8; ++q)
+      __stcg(dst + 32 * q, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+    // The warp barrier orders every lane's stores before each lane's release of the flag (the same
+    // word and value from all lanes: a branch for lane 0 alone made ptxas spill the main loop).
+    __syncwarp();
+    st_release_gpu(ready + blockIdx.x * 8 + w, 1);
+  }
+  // Stream-K: waits until the next CTA (slot blockIdx.x + 1) has handed over the tail of the tile
+  // whose head this warp is about to compute. That CTA stored it right after its first run, which
+  // is no longer than this head's start, so the wait is normally over at once. It ends because
+  // every CTA of the grid is resident (GemmCore::new checks the occupancy), like the kernel's
+  // mbarrier waits. (No timeout and trap: the trap's path made ptxas spill the main loop, as did
+  // a wait loop after it, where the accumulators are live.)
+  __device__ __forceinline__ void wait_partial(u32* ready) const {
+    u32* flag = ready + (blockIdx.x + 1) * 8 + consumer_warp();
+    while (!__any_sync(0xffffffffu, ld_acquire_gpu(flag) != 0)) {
+    }
+    if (lane == 0) *flag = 0;  // ready for the next launch
+  }
+  // Stream-K: acc (a tile head) += the tail's sums (head + tail: a fixed order).
+  __device__ __forceinline__ void add_partial(const float* partials) {
+    const int w = consumer_warp(), slot = blockIdx.x + 1;
+    const float4* src = (const float4*)partials + (size_t)(slot * 8 + w) * (BN / 8) * 32 + lane;
+#pragma unroll
+    for (int q = 0; q < BN / 8; ++q) {
+      const float4 v = __ldcg(src + 32 * q);
+      acc[4 * q] += v.x;
+      acc[4 * q + 1] += v.y;
+      acc[4 * q + 2] += v.z;
+      acc[4 * q + 3] += v.w;
     }
   }
 
@@ -480,6 +594,9 @@ struct Consumer {
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kFp8, kCtas>;
+  // Stream-K serves the small tiles (two CTAs per SM), whose launches make few rounds; the large
+  // tiles' tails are < 1 % of theirs, and their consumers have no registers for the hand-over.
+  constexpr bool kStreamK = kCtas == 2 && kCluster == 1;
   extern __shared__ __align__(1024) u8 smem_raw[];
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.
@@ -492,8 +609,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   fp::E4m3Table* fold_table = (fp::E4m3Table*)(smem + L::kTablesAt);
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  const int k_blocks = p.k / kBlockK;
-  const int n_tiles = p.n_out / kTileRows;
+  // (K / 128 and the tile count are read from the parameters where used: kept in registers from
+  // here, ptxas spilled them in the producer.)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
@@ -516,24 +633,32 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     __syncthreads();
   }
-
-  TileWalker<kCluster> walker;
-  walker.init(&p, BN);
+  UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
 
   if (wg == 0) {
     // ============================ producer ============================
     setmaxnreg_dec<L::kProducerRegs>();
+    int* launch_items = (int*)(smem + L::kItemsAt);
+    if (threadIdx.x < 32) {
+      const int items = kStreamK && p.stream_k ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
+      if (threadIdx.x == 0) *launch_items = items;
+    }
     if (threadIdx.x == 0) {
       prefetch_tensormap(act_map);
-      int stage = 0;
+      TileWalker<kCluster, BN, kStreamK> walker(p, launch_items);
+      int stage = 0, slot = 0;
       u32 phase = 0;
-      int e, nt, mb;
-      for (int item = blockIdx.x / kCluster; walker.seek(item, BN, rank, e, nt, mb); item += gridDim.x / kCluster) {
-        const int row0 = p.expert_offset[e] + mb * BN;
-        const bool ghost = kCluster > 1 && nt >= n_tiles;
-        const u8* codes = p.w_codes + ((size_t)(e * n_tiles + nt) * k_blocks) * kCodeBytes;
-        const u32* meta = p.w_meta + ((size_t)(e * n_tiles + nt) * k_blocks) * kTileRows;
-        for (int kb = 0; kb < k_blocks; ++kb) {
+      WorkUnit u;
+      for (int n = 0; walker.unit(n, rank, u); ++n) {
+        const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
+        const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
+        // The unit's descriptor goes out before the arrive that completes its first stage.
+        mbar_wait(&empty[stage], phase ^ 1);
+        units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
+                               (u32)u.kb_begin | (u32)u.kb_end << 16};
+        if (++slot == L::kUnitSlots) slot = 0;
+        const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
+        for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
           u8* dst = smem + stage * L::kStageBytes;
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
@@ -556,21 +681,28 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
                       &full[stage]);
           }
           if (!ghost) {
-            bulk_load(dst + L::kActBytes, codes + (size_t)kb * kCodeBytes, kCodeBytes, &full[stage]);
-            bulk_load(dst + L::kActBytes + kCodeBytes, meta + (size_t)kb * kTileRows, kMetaBytes, &full[stage]);
+            bulk_load(dst + L::kActBytes, p.w_codes + (tile_blocks + kb) * kCodeBytes, kCodeBytes, &full[stage]);
+            bulk_load(dst + L::kActBytes + kCodeBytes, p.w_meta + (tile_blocks + kb) * kTileRows, kMetaBytes,
+                      &full[stage]);
           }
           if (++stage == L::kStages) { stage = 0; phase ^= 1; }
         }
       }
+      // The end of this CTA's work: a stage that completes without data, with an end mark.
+      mbar_wait(&empty[stage], phase ^ 1);
+      units[slot].kb_range = 0;
+      mbar_arrive(&full[stage]);
     } else if (kFp8 && threadIdx.x / 32 == 1) {
       // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
       // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
       const int lane = threadIdx.x % 32;
-      int stage = 0;
+      int stage = 0, slot = 0;
       u32 phase = 0;
-      int e, nt, mb;
-      for (int item = blockIdx.x / kCluster; walker.seek(item, BN, rank, e, nt, mb); item += gridDim.x / kCluster) {
-        for (int kb = 0; kb < k_blocks; ++kb) {
+      for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+        mbar_wait(&full[stage], phase);  // the unit's first stage, or the end mark
+        const u32 range = units[slot].kb_range;
+        if (range == 0) break;
+        for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
           u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
           mbar_wait(&full[stage], phase);
           for (int i = lane; i < BN; i += 32) ((float*)(dst + L::kSfBytes))[i] = ue8m0_to_float(dst[i]);
@@ -585,31 +717,43 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit, kCluster> c;
     c.smem = smem;
     c.act_desc0 = desc_k_sw128(smem_addr(smem));
-    c.cw = wg - 1;  // which 64 rows of the tile
-    c.tid = threadIdx.x % 128;
-    c.lane = c.tid % 32;
+    c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
+    c.lane = threadIdx.x % 32;
     c.t = c.lane % 4;
-    c.row_r = c.cw * 64 + (c.tid / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
+    c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
     if constexpr (kCluster == 2) c.peer = rank ^ 1;
-    int e, nt, mb;
-    for (int item = blockIdx.x / kCluster; walker.seek(item, BN, rank, e, nt, mb); item += gridDim.x / kCluster) {
+    for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+      mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
+      const UnitDesc* unit = units + slot;
+      // Broadcast, so that ptxas sees a warp-uniform value (the loop bounds stay uniform registers).
+      const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
+      if (range == 0) break;
+      const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
       if (MM_PROBE) {  // the benchmark's load probe: stages consumed untouched
-        for (int kb = 0; kb < k_blocks; ++kb) c.skip_stage();
+        for (int kb = 0; kb < blocks; ++kb) c.skip_stage();
         continue;
       }
       // A ghost tile (past n_out: the odd last tile of a cluster's group) runs the math on
       // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
       // path would cost the main loop its uniform descriptor arithmetic.
-      c.mainloop(k_blocks);
-      if (kCluster > 1 && nt >= n_tiles) continue;
+      if (kStreamK && (int)(range >> 16) < p.k / kBlockK) c.wait_partial(p.partial_ready);  // a tile head
+      c.mainloop(blocks);
+      const UnitDesc d = *unit;  // read again: no registers held across the main loop
+      if (kCluster > 1 && d.n_col >= p.n_out) continue;
+      if constexpr (kStreamK) {
+        if ((d.kb_range & 0xffff) > 0) {  // the tail of a tile the previous CTA began
+          c.store_partial(p.partials, p.partial_ready);
+          continue;
+        }
+        if ((int)(d.kb_range >> 16) < p.k / kBlockK) c.add_partial(p.partials);  // a head: + the tail's sums
+      }
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
-      const int rows_left = p.expert_rows[e] - mb * BN;
-      const size_t row0 = (size_t)p.expert_offset[e] + (size_t)mb * BN;
+      const int rows_left = d.rows;
+      const size_t row0 = (size_t)d.row0;
       if constexpr (L::kEpilogueBytes > 0) {
-        c.store_tile_staged(p.out + row0 * p.n_out + nt * kTileRows + c.cw * 64 + (c.tid / 32) * 16, p.n_out,
-                            rows_left);
+        c.store_tile_staged(p.out + row0 * p.n_out + d.n_col + c.consumer_warp() * 16, p.n_out, rows_left);
       } else {
-        const int n0 = nt * kTileRows + c.row_r;
+        const int n0 = d.n_col + c.row_r;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
           const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);

@@ -1,6 +1,6 @@
 // sm90_ptx.cuh -- thin wrappers over the Hopper (sm_90a) instructions the kernels use: mbarriers,
 // TMA (tensor and 1-D bulk copies), WGMMA with A from registers (FP8 k32 and BF16 k16), stmatrix,
-// setmaxnreg.
+// setmaxnreg, and the GPU-scope flag loads and stores that hand data from one CTA to another.
 // Descriptor and fragment layouts were checked on the H200 by ../shared/bench/wgmma_ceiling.cu.
 #pragma once
 
@@ -81,6 +81,16 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
 }
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+// ---------------------------------------------------------------- between CTAs
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // ---------------------------------------------------------------- registers

@@ -95,6 +95,7 @@ pub fn token_tiles(mma: Mma) -> &'static [usize] {
 }
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
+const CONSUMER_WARPS: usize = 8;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
 const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
 /// Specializations that run two CTAs per SM: small token tiles are bound by the issue rate of the
@@ -144,6 +145,8 @@ pub enum GemmError {
     Pool { what: &'static str, detail: String },
     #[error("not one cluster of {spec} fits on this GPU at once")]
     NoResidentCluster { spec: String },
+    #[error("{spec} needs its CTAs resident at once, but only {resident} fit per SM")]
+    NotResident { spec: String, resident: u32 },
 }
 
 /// The shared-memory plan of one specialization; mirrors `Layout<BN, kFp8, kCtas>` in the kernel, which
@@ -171,6 +174,11 @@ pub struct TilePlan {
     /// one-CTA tiles 4–6 % faster (its default); FP8 128-token tiles within 1 % (the two CTAs'
     /// rings move in lockstep, which eats the saving), so FP8 stays at one.
     pub cluster: usize,
+    /// Stream-K for the last rounds of tiles (the kernel's header says how): the grid's last one
+    /// or two rounds are cut into equal runs of k128 blocks, so no CTA idles while others finish a
+    /// partial round. Applies to the two-CTA tiles, which serve small T, where the tiles make few
+    /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11); large tiles make dozens.
+    pub stream_k: bool,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -205,6 +213,7 @@ impl TilePlan {
             fold: Fold::default(),
             k_split: DEFAULT_K_SPLIT,
             cluster: 1,
+            stream_k: true,
             probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
@@ -241,6 +250,16 @@ impl TilePlan {
         Self { cluster, ..self }
     }
 
+    /// The same tile with stream-K on or off (it applies to two-CTA tiles only).
+    pub fn with_stream_k(self, stream_k: bool) -> Self {
+        Self { stream_k, ..self }
+    }
+
+    /// Whether launches split the last rounds of tiles over K (`kStreamK` in the kernel).
+    pub fn splits_tail(&self) -> bool {
+        self.stream_k && self.ctas_per_sm == 2 && self.cluster == 1
+    }
+
     /// The same tile with `k_split` promotions per k128 block (FP8).
     pub fn with_k_split(self, k_split: usize) -> Self {
         assert!(matches!(k_split, 1 | 2 | 4), "k_split {k_split}");
@@ -260,12 +279,15 @@ impl TilePlan {
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's rows
-    /// (FP8, one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables.
+    /// (FP8, one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables
+    /// (and the launch's item count), and the producer's ring of 16-B unit descriptors, one
+    /// longer than the stages.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
             + epilogue_bytes(self.mma, self.ctas_per_sm)
             + (24 * self.stages).next_multiple_of(16)
             + 128
+            + 16 * (self.stages + 1)
     }
 
     /// The JIT specialization.
@@ -383,6 +405,10 @@ struct GemmParams {
     n_out: i32,
     k: i32,
     sf_stride: i32,
+    partials: u64,
+    partial_ready: u64,
+    stream_k: i32,
+    _pad: i32,
 }
 
 /// Transformed expert weights on one GPU.
@@ -479,6 +505,10 @@ pub struct GemmCore {
     kernel: Kernel,
     /// Persistent CTAs: as many as fit at once (whole clusters).
     grid: u32,
+    /// Stream-K: each CTA's hand-over of a tile tail's FP32 sums (a 128 × BN tile) and its
+    /// flag per consumer warp, zero between launches; empty without stream-K.
+    partials: CudaSlice<f32>,
+    partial_ready: CudaSlice<u32>,
 }
 
 impl GemmCore {
@@ -490,6 +520,14 @@ impl GemmCore {
         let per_sm = gpu.info().sm_count * plan.ctas_per_sm as u32;
         let cluster = plan.cluster as u32;
         let grid = if cluster == 1 {
+            // Stream-K's hand-over waits on the next CTA, so the whole grid must be resident.
+            let resident = kernel.max_active_blocks_per_sm(THREADS, plan.smem_bytes() as u32)?;
+            if (resident as usize) < plan.ctas_per_sm && plan.splits_tail() {
+                return Err(GemmError::NotResident {
+                    spec: plan.spec().name,
+                    resident,
+                });
+            }
             per_sm
         } else {
             let shape = LaunchConfig::linear(per_sm / cluster * cluster, THREADS)
@@ -505,13 +543,24 @@ impl GemmCore {
             cluster * clusters
         };
         tracing::debug!(spec = %plan.spec().name, grid, "GEMM grid");
-        Ok(Self { plan, kernel, grid })
+        let (hand_overs, tile_floats) = if plan.splits_tail() {
+            (grid as usize, TILE_ROWS * plan.tokens_per_tile)
+        } else {
+            (0, 0)
+        };
+        Ok(Self {
+            plan,
+            kernel,
+            grid,
+            partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
+            partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
+        })
     }
 
     /// `out[row][n] = bf16(Σ_k act[row][k] · w_e[n][k])` for every row of every expert; other rows of
     /// `out` (padding between experts) are not written. `out` is BF16 bits `[pool.rows][weights.n]`.
     pub fn run(
-        &self,
+        &mut self,
         gpu: &Gpu,
         weights: &DeviceWeights,
         pool: &Pool,
@@ -545,6 +594,8 @@ impl GemmCore {
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
         let (out_addr, _g6) = out.device_ptr_mut(stream);
+        let (partials, _g7) = self.partials.device_ptr_mut(stream);
+        let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
         let params = GemmParams {
             w_codes: codes,
             w_meta: meta,
@@ -556,6 +607,10 @@ impl GemmCore {
             n_out: weights.n as i32,
             k: weights.k as i32,
             sf_stride: pool.sf_stride as i32,
+            partials,
+            partial_ready,
+            stream_k: i32::from(self.plan.splits_tail()),
+            _pad: 0,
         };
         let mut config =
             LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);
@@ -735,6 +790,16 @@ mod tests {
             plan(Mma::Fp8, 128).with_cluster(2).spec().name,
             "megamoe-kernel/sm90_moe_gemm/fp8/bn128/cta1/cl2/rowbase/regfold/k128"
         );
+    }
+
+    #[test]
+    fn stream_k_splits_the_two_cta_tiles() {
+        let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
+        assert!(plan(Mma::Fp8, 16).splits_tail());
+        assert!(plan(Mma::Bf16, 32).splits_tail());
+        assert!(!plan(Mma::Fp8, 32).with_stream_k(false).splits_tail());
+        assert!(!plan(Mma::Fp8, 128).splits_tail(), "one CTA per SM");
+        assert!(!plan(Mma::Fp8, 16).with_ctas_per_sm(1).splits_tail());
     }
 
     #[test]

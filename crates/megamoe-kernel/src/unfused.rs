@@ -1014,7 +1014,10 @@ impl Pipeline {
             expert_offset_dev: offsets_dev,
             expert_rows_dev: rows_dev,
         };
-        self.cores[&key].run(gpu, weights, &pool, out)?;
+        self.cores
+            .get_mut(&key)
+            .expect("compiled above")
+            .run(gpu, weights, &pool, out)?;
         Ok(())
     }
 

@@ -44,6 +44,8 @@ struct Case<'a> {
     /// Give expert 0's row 0 one k128 block whose sub-scales span 13 binades, so that (FP8) an
     /// offset falls below -5 and the decode tables come from shared memory.
     deep_block: bool,
+    /// Stream-K on or off (`None`: the plan's default).
+    stream_k: Option<bool>,
 }
 
 impl<'a> Case<'a> {
@@ -67,6 +69,7 @@ impl<'a> Case<'a> {
             check_stride: None,
             wide_rows: false,
             deep_block: false,
+            stream_k: None,
         }
     }
 }
@@ -84,6 +87,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         check_stride,
         wide_rows,
         deep_block,
+        stream_k,
     } = case;
     let experts = expert_rows.len();
     let mut weights = ExpertWeights::random(experts, n, k, seed);
@@ -117,8 +121,11 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
             hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64,
         )
     });
-    let plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
-    let core = GemmCore::new(gpu, jit, plan).unwrap();
+    let mut plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
+    if let Some(stream_k) = stream_k {
+        plan = plan.with_stream_k(stream_k);
+    }
+    let mut core = GemmCore::new(gpu, jit, plan).unwrap();
 
     let sf_stride = pool.sf_stride(bn);
     let (act, act_sf) = pool.device_image(mma, sf_stride);
@@ -191,7 +198,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         (false, false) => "block base, smem tables",
     };
     eprintln!(
-        "{recipe}/{mma:<4} bn {bn:>3} {base} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
+        "{recipe}/{mma:<4} bn {bn:>3} {base}{} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
+        if plan.splits_tail() { ", stream-K" } else { "" },
         got.len()
     );
     (diff, differ)
@@ -302,4 +310,43 @@ fn many_tiles_per_cta_match_the_reference() {
     // More tiles than CTAs for every tile size: each persistent CTA walks several tiles, experts
     // and weight tiles, so the pipelines' phases and the fold bases carry from tile to tile.
     every_tile(&[2000, 1, 1500, 700, 0, 333], 1024, 100, Some(7));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_k_splits_match_the_reference() {
+    // Enough items that the two-CTA tiles split their last rounds over K: all of them (fewer than
+    // two rounds), or the last one or two after whole rounds; K of 3 and 5 blocks, so runs end at
+    // every offset into a tile. Each case also runs without stream-K.
+    let (gpu, jit) = setup();
+    let grid = 2 * gpu.info().sm_count as usize;
+    let one_round: Vec<usize> = (0..40).map(|e| 1 + e % 13).collect();
+    let rounds: Vec<usize> = (0..40).map(|e| (e * 37) % 71).collect();
+    for (recipe, mma) in ROUTES {
+        for bn in [16, 32] {
+            for (rows, n, k) in [(&one_round, 1024, 384), (&rounds, 2048, 640)] {
+                let items: usize = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / 128);
+                assert!(
+                    items >= grid,
+                    "{items} items for a grid of {grid}: no split"
+                );
+                for stream_k in [true, false] {
+                    let (diff, _) = run(
+                        &gpu,
+                        &jit,
+                        Case {
+                            tokens_per_tile: Some(bn),
+                            check_stride: Some(5),
+                            stream_k: Some(stream_k),
+                            ..Case::new(recipe, mma, rows, n, k, 11 + bn as u64)
+                        },
+                    );
+                    assert!(
+                        diff <= 1e-5,
+                        "{recipe}/{mma} bn {bn} {n}x{k} {items} items, stream-K {stream_k}: calc_diff {diff:e}"
+                    );
+                }
+            }
+        }
+    }
 }
