@@ -7,7 +7,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--half-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300]`
 
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,9 @@ struct Args {
     /// Stream-K for the last rounds of two-CTA tiles, a list to compare (default: the plan's).
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
     stream_k: Vec<bool>,
+    /// Half tiles (two-CTA tiles on half their tokens when the rows fit), a list to compare.
+    #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
+    half_tiles: Vec<bool>,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -156,6 +159,7 @@ fn main() {
         cluster,
         k_split,
         stream_k,
+        half_tiles,
         warm_up_ms,
         ..
     } = clap::Parser::parse();
@@ -181,7 +185,7 @@ fn main() {
         hbm / 1e9
     );
     println!(
-        "{:<9} {:>5} {:>11} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "{:<9} {:>5} {:>13} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
         "route",
         "T",
         "bn/c/cl",
@@ -236,18 +240,22 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
-            let stream_ks: Vec<Option<bool>> = if stream_k.is_empty() {
-                vec![None]
-            } else {
-                stream_k.iter().copied().map(Some).collect()
+            let options = |list: &[bool]| -> Vec<Option<bool>> {
+                if list.is_empty() {
+                    vec![None]
+                } else {
+                    list.iter().copied().map(Some).collect()
+                }
             };
+            let (stream_ks, halves) = (options(&stream_k), options(&half_tiles));
             let variants = bns
                 .into_iter()
                 .filter(|bn| token_tiles(mma).contains(bn))
                 .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)))
-                .flat_map(|(bn, cl)| stream_ks.iter().map(move |&sk| (bn, cl, sk)));
+                .flat_map(|(bn, cl)| stream_ks.iter().map(move |&sk| (bn, cl, sk)))
+                .flat_map(|(bn, cl, sk)| halves.iter().map(move |&half| (bn, cl, sk, half)));
             let mut cores: Vec<GemmCore> = variants
-                .map(|(bn, cluster, sk)| {
+                .map(|(bn, cluster, sk, half)| {
                     let mut plan = TilePlan {
                         probe,
                         ..TilePlan::new(mma, bn).unwrap()
@@ -260,6 +268,9 @@ fn main() {
                     }
                     if let Some(sk) = sk {
                         plan = plan.with_stream_k(sk);
+                    }
+                    if let Some(half) = half {
+                        plan = plan.with_half_tiles(half);
                     }
                     // One core serves both layers: their weights fold alike here.
                     assert_eq!(
@@ -312,15 +323,20 @@ fn main() {
                 let (t1, t2) = (times[0][v] as f64 * 1e-3, times[1][v] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
-                    "{:<9} {:>5} {:>11} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    "{:<9} {:>5} {:>13} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
                     format!("{recipe}/{mma}"),
                     t,
                     format!(
-                        "{}/{}/{}{}",
+                        "{}/{}/{}{}{}",
                         core.plan.tokens_per_tile,
                         core.plan.ctas_per_sm,
                         core.plan.cluster,
-                        if core.plan.splits_tail() { "/sk" } else { "" }
+                        if core.plan.splits_tail() { "/sk" } else { "" },
+                        if core.plan.half_tiles && core.plan.ctas_per_sm == 2 {
+                            "/h"
+                        } else {
+                            ""
+                        }
                     ),
                     hit,
                     t1 * 1e6,

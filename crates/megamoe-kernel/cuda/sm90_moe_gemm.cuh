@@ -78,6 +78,7 @@ struct GemmParams {
   float* partials;
   u32* partial_ready;
   int stream_k;
+  int half_tiles;  // two-CTA tiles whose rows fit in BN / 2 run on BN / 2 tokens
 };
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
@@ -270,8 +271,16 @@ struct Consumer {
                                : BN <= 64           ? BN
                                : kKSplit == 1       ? 64
                                                     : 32;
-  static constexpr int kChunks = BN / kNsub * kKSplit;  // chunk h: sub-tile h / kKSplit, k part h % kKSplit
-  static constexpr int kStepsPerChunk = 4 / kKSplit;     // k32 steps
+  // The main loop runs on the first kN tokens of the tile (BN, or BN / 2 for two-CTA tiles whose
+  // rows fit: half the wgmma and promotion work). FP8 chunks of that: kW tokens, kChunks of them;
+  // chunk h is sub-tile h / kKSplit, k part h % kKSplit.
+  template <int kN>
+  struct Active {
+    static constexpr int kW = kN < kNsub ? kN : kNsub;
+    static constexpr int kChunks = kN / kW * kKSplit;
+    static constexpr int kScalePairs = kW / 8;  // FP8: two token scales per 8 columns
+  };
+  static constexpr int kStepsPerChunk = 4 / kKSplit;  // k32 steps
   // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
   // x 4); its two halves alternate between the parities.
   static constexpr int kAregs = 16;
@@ -284,7 +293,7 @@ struct Consumer {
   u32 a[2][kAregs];
   float base[2][2];  // FP8: weight base of rows r, r+8 per parity
   u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
-  float tmp[2][kNsub / 2];
+  float tmp[2][kNsub / 2];  // FP8: a chunk's wgmma results
   float acc[BN / 2];
 
   __device__ u64* full(int s) const { return (u64*)(smem + L::kFullAt) + s; }
@@ -343,13 +352,14 @@ struct Consumer {
     }
   }
 
-  // BF16: the wgmmas of half H of the current stage (one 64-K box), accumulated into acc.
-  template <int H>
+  // BF16: the wgmmas of half H of the current stage (one 64-K box of BN rows), on the first kN
+  // tokens, accumulated into acc.
+  template <int kN, int H>
   __device__ __forceinline__ void bf16_issue_half() {
     wg_fence();
     const u64 desc = act_desc(held[0]) + H * (BN * 128 / 16);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) mma_bf16_rs<BN>(acc, &a[H][4 * q], desc + 2 * q, 1);  // 32 B per k16
+    for (int q = 0; q < 4; ++q) mma_bf16_rs<kN>(acc, &a[H][4 * q], desc + 2 * q, 1);  // 32 B per k16
     wg_commit();
   }
 
@@ -453,41 +463,42 @@ struct Consumer {
   }
 
   // FP8: chunk h of the stage in parity P into temp set B.
-  template <int P, int B>
+  template <int kN, int P, int B>
   __device__ __forceinline__ void issue_fp8(int h) {
+    constexpr int kW = Active<kN>::kW;
 #pragma unroll
-    for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
+    for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
     const int first = (h % kKSplit) * kStepsPerChunk;
-    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kNsub * 8;
+    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kW * 8;
 #pragma unroll
     for (int j = 0; j < kStepsPerChunk; ++j)
-      mma_fp8_rs<kNsub>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
+      mma_fp8_rs<kW>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
     wg_commit();
   }
 
   // FP8: the token scales of chunk h of parity P's stage (two per 8 columns). With one CTA per SM
   // they are loaded before the wgmma wait that precedes their promotion, so the shared-memory
   // latency hides behind it; two CTAs have no registers to spare for that.
-  static constexpr int kScalePairs = kNsub / 8;
   static constexpr bool kPrefetchScales = kCtas == 1;
-  template <int P>
+  template <int kN, int P>
   __device__ __forceinline__ void chunk_scales(int h, float2* sc) const {
-    const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub;
+    const float* sf = stage_sf(held[P]) + (h / kKSplit) * Active<kN>::kW;
 #pragma unroll
-    for (int q = 0; q < kScalePairs; ++q) sc[q] = *(const float2*)(sf + 8 * q + 2 * t);
+    for (int q = 0; q < Active<kN>::kScalePairs; ++q) sc[q] = *(const float2*)(sf + 8 * q + 2 * t);
   }
 
   // FP8: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
   // base is per row).
-  template <int P, int B>
+  template <int kN, int P, int B>
   __device__ __forceinline__ void promote(int h, const float2* sc) {
+    constexpr int kW = Active<kN>::kW;
 #pragma unroll
-    for (int i = 0; i < kNsub / 2; ++i) fence_operand(tmp[B][i]);
+    for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
-    for (int q = 0; q < kScalePairs; ++q) {
-      float* out = acc + (h / kKSplit) * (kNsub / 2) + 4 * q;
+    for (int q = 0; q < Active<kN>::kScalePairs; ++q) {
+      float* out = acc + (h / kKSplit) * (kW / 2) + 4 * q;
       if constexpr (kRowBase) {
         out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x, out[0]);
         out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y, out[1]);
@@ -504,43 +515,47 @@ struct Consumer {
 
   // FP8: chunk H of the stage held in parity P, then the rest. Temp sets alternate chunk by chunk
   // within a trip (B = (P * kChunks + H) & 1); each chunk's predecessor is promoted while it runs.
-  template <int P, int H = 0>
+  template <int kN, int P, int H = 0>
   __device__ __forceinline__ void fp8_stage() {
+    constexpr int kChunks = Active<kN>::kChunks;
     constexpr int B = (P * kChunks + H) & 1;
-    float2 sc[kScalePairs];
+    float2 sc[Active<kN>::kScalePairs];
     if constexpr (H > 0) {
-      if constexpr (kPrefetchScales) chunk_scales<P>(H - 1, sc);
-      issue_fp8<P, B>(H);
+      if constexpr (kPrefetchScales) chunk_scales<kN, P>(H - 1, sc);
+      issue_fp8<kN, P, B>(H);
       wg_wait<1>();
-      if constexpr (!kPrefetchScales) chunk_scales<P>(H - 1, sc);
-      promote<P, B ^ 1>(H - 1, sc);
+      if constexpr (!kPrefetchScales) chunk_scales<kN, P>(H - 1, sc);
+      promote<kN, P, B ^ 1>(H - 1, sc);
     } else if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
-      if constexpr (kPrefetchScales) chunk_scales<0>(kChunks - 1, sc);
-      issue_fp8<P, B>(H);
+      if constexpr (kPrefetchScales) chunk_scales<kN, 0>(kChunks - 1, sc);
+      issue_fp8<kN, P, B>(H);
       wg_wait<1>();
-      if constexpr (!kPrefetchScales) chunk_scales<0>(kChunks - 1, sc);
-      promote<0, B ^ 1>(kChunks - 1, sc);
+      if constexpr (!kPrefetchScales) chunk_scales<kN, 0>(kChunks - 1, sc);
+      promote<kN, 0, B ^ 1>(kChunks - 1, sc);
       release<0>();
     } else {
-      issue_fp8<P, B>(H);
+      issue_fp8<kN, P, B>(H);
     }
-    if constexpr (H + 1 < kChunks) fp8_stage<P, H + 1>();
+    if constexpr (H + 1 < kChunks) fp8_stage<kN, P, H + 1>();
   }
   // FP8, end of a trip: wait for everything, promote the last chunk, release the stage.
-  template <int P>
+  template <int kN, int P>
   __device__ __forceinline__ void fp8_drain() {
+    constexpr int kChunks = Active<kN>::kChunks;
     constexpr int B = (P * kChunks + kChunks - 1) & 1;
-    float2 sc[kScalePairs];
-    if constexpr (kPrefetchScales) chunk_scales<P>(kChunks - 1, sc);
+    float2 sc[Active<kN>::kScalePairs];
+    if constexpr (kPrefetchScales) chunk_scales<kN, P>(kChunks - 1, sc);
     wg_wait<0>();
-    if constexpr (!kPrefetchScales) chunk_scales<P>(kChunks - 1, sc);
-    promote<P, B>(kChunks - 1, sc);
+    if constexpr (!kPrefetchScales) chunk_scales<kN, P>(kChunks - 1, sc);
+    promote<kN, P, B>(kChunks - 1, sc);
     release<P>();
   }
 
-  // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block). Stages go in
-  // trips of two (parity 0, 1); FP8 drains its pipeline at the end of every trip, because ptxas
-  // serializes all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
+  // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block), computed on its
+  // first kN tokens (the rest stay 0). Stages go in trips of two (parity 0, 1); FP8 drains its
+  // pipeline at the end of every trip, because ptxas serializes all wgmmas (C7514) when a temp set
+  // may still be in flight across a branch or loop.
+  template <int kN>
   __device__ __forceinline__ void mainloop(int k_blocks) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) {
@@ -551,15 +566,15 @@ struct Consumer {
       load_stage<0>();
       int kb = 0;
       for (; kb + 1 < k_blocks; kb += 2) {
-        fp8_stage<0>();
+        fp8_stage<kN, 0>();
         load_stage<1>();
-        fp8_stage<1>();
+        fp8_stage<kN, 1>();
         if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
-        fp8_drain<1>();
+        fp8_drain<kN, 1>();
       }
       if (kb < k_blocks) {  // an odd last stage, in parity 0
-        fp8_stage<0>();
-        fp8_drain<0>();
+        fp8_stage<kN, 0>();
+        fp8_drain<kN, 0>();
       }
       if constexpr (kRowBase) {
 #pragma unroll
@@ -571,11 +586,11 @@ struct Consumer {
       bf16_wait_stage();
       bf16_decode_half<0>();
       for (int kb = 0; kb < k_blocks; ++kb) {
-        bf16_issue_half<0>();
+        bf16_issue_half<kN, 0>();
         wg_wait<1>();  // the previous stage's second half is done
         if (kb > 0) release<1>();
         bf16_decode_half<1>();
-        bf16_issue_half<1>();
+        bf16_issue_half<kN, 1>();
         wg_wait<1>();  // this stage's first half is done: parity 0 is free
         if (kb + 1 < k_blocks) {
           bf16_wait_stage();
@@ -597,6 +612,9 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   // Stream-K serves the small tiles (two CTAs per SM), whose launches make few rounds; the large
   // tiles' tails are < 1 % of theirs, and their consumers have no registers for the hand-over.
   constexpr bool kStreamK = kCtas == 2 && kCluster == 1;
+  // Two-CTA (small-T) tiles whose rows fit in half of BN run the main loop on BN / 2 tokens
+  // (`half_tiles`): half the wgmma and promotion work where most experts hold a few tokens.
+  constexpr bool kHalfTiles = kCtas == 2;
   extern __shared__ __align__(1024) u8 smem_raw[];
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.
@@ -725,9 +743,10 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
       mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
       const UnitDesc* unit = units + slot;
-      // Broadcast, so that ptxas sees a warp-uniform value (the loop bounds stay uniform registers).
+      // Broadcast, so that ptxas sees warp-uniform values (the loop bounds stay uniform registers).
       const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
       if (range == 0) break;
+      const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
       const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
       if (MM_PROBE) {  // the benchmark's load probe: stages consumed untouched
         for (int kb = 0; kb < blocks; ++kb) c.skip_stage();
@@ -737,7 +756,11 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
       // path would cost the main loop its uniform descriptor arithmetic.
       if (kStreamK && (int)(range >> 16) < p.k / kBlockK) c.wait_partial(p.partial_ready);  // a tile head
-      c.mainloop(blocks);
+      if (kHalfTiles && p.half_tiles && rows <= BN / 2) {
+        c.template mainloop<kHalfTiles ? BN / 2 : BN>(blocks);
+      } else {
+        c.template mainloop<BN>(blocks);
+      }
       const UnitDesc d = *unit;  // read again: no registers held across the main loop
       if (kCluster > 1 && d.n_col >= p.n_out) continue;
       if constexpr (kStreamK) {

@@ -128,6 +128,14 @@ __device__ __forceinline__ u64 desc_k_sw128(u32 saddr) {
 
 // D(64xN f32) (+)= A(64x32 fp8, 4 regs/thread) * B(Nx32, smem desc)^T; scale_d = 0 overwrites D.
 template <int N> __device__ __forceinline__ void mma_fp8_rs(float* d, const u32* a, u64 b, int scale_d);
+template <> __device__ __forceinline__ void mma_fp8_rs<8>(float* d, const u32* a, u64 b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+               "{%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
 template <> __device__ __forceinline__ void mma_fp8_rs<16>(float* d, const u32* a, u64 b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
@@ -171,6 +179,14 @@ template <> __device__ __forceinline__ void mma_fp8_rs<256>(float* d, const u32*
 
 // D(64xN f32) (+)= A(64x16 bf16, 4 regs/thread) * B(Nx16, smem desc)^T; scale_d = 0 overwrites D.
 template <int N> __device__ __forceinline__ void mma_bf16_rs(float* d, const u32* a, u64 b, int scale_d);
+template <> __device__ __forceinline__ void mma_bf16_rs<8>(float* d, const u32* a, u64 b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
 template <> __device__ __forceinline__ void mma_bf16_rs<16>(float* d, const u32* a, u64 b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "

@@ -179,6 +179,10 @@ pub struct TilePlan {
     /// partial round. Applies to the two-CTA tiles, which serve small T, where the tiles make few
     /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11); large tiles make dozens.
     pub stream_k: bool,
+    /// Two-CTA tiles whose rows fit in half the tile run their main loop on half the tokens
+    /// (16 of 32, 8 of 16): half the wgmma and promotion work for the experts of a few tokens
+    /// that small T is made of. No effect on one-CTA tiles.
+    pub half_tiles: bool,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -214,6 +218,7 @@ impl TilePlan {
             k_split: DEFAULT_K_SPLIT,
             cluster: 1,
             stream_k: true,
+            half_tiles: true,
             probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
@@ -253,6 +258,11 @@ impl TilePlan {
     /// The same tile with stream-K on or off (it applies to two-CTA tiles only).
     pub fn with_stream_k(self, stream_k: bool) -> Self {
         Self { stream_k, ..self }
+    }
+
+    /// The same tile with half tiles on or off (see `half_tiles`).
+    pub fn with_half_tiles(self, half_tiles: bool) -> Self {
+        Self { half_tiles, ..self }
     }
 
     /// Whether launches split the last rounds of tiles over K (`kStreamK` in the kernel).
@@ -408,7 +418,7 @@ struct GemmParams {
     partials: u64,
     partial_ready: u64,
     stream_k: i32,
-    _pad: i32,
+    half_tiles: i32,
 }
 
 /// Transformed expert weights on one GPU.
@@ -610,7 +620,7 @@ impl GemmCore {
             partials,
             partial_ready,
             stream_k: i32::from(self.plan.splits_tail()),
-            _pad: 0,
+            half_tiles: i32::from(self.plan.half_tiles),
         };
         let mut config =
             LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);
