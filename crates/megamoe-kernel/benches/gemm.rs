@@ -7,7 +7,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--half-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--narrow-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300]`
 
 use std::time::{Duration, Instant};
 
@@ -59,9 +59,9 @@ struct Args {
     /// Stream-K for the last rounds of two-CTA tiles, a list to compare (default: the plan's).
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
     stream_k: Vec<bool>,
-    /// Half tiles (two-CTA tiles on half their tokens when the rows fit), a list to compare.
+    /// Narrow tiles (two-CTA tiles on fewer tokens when their rows fit), a list to compare.
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
-    half_tiles: Vec<bool>,
+    narrow_tiles: Vec<bool>,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -159,7 +159,7 @@ fn main() {
         cluster,
         k_split,
         stream_k,
-        half_tiles,
+        narrow_tiles,
         warm_up_ms,
         ..
     } = clap::Parser::parse();
@@ -247,15 +247,15 @@ fn main() {
                     list.iter().copied().map(Some).collect()
                 }
             };
-            let (stream_ks, halves) = (options(&stream_k), options(&half_tiles));
+            let (stream_ks, narrows) = (options(&stream_k), options(&narrow_tiles));
             let variants = bns
                 .into_iter()
                 .filter(|bn| token_tiles(mma).contains(bn))
                 .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)))
                 .flat_map(|(bn, cl)| stream_ks.iter().map(move |&sk| (bn, cl, sk)))
-                .flat_map(|(bn, cl, sk)| halves.iter().map(move |&half| (bn, cl, sk, half)));
+                .flat_map(|(bn, cl, sk)| narrows.iter().map(move |&narrow| (bn, cl, sk, narrow)));
             let mut cores: Vec<GemmCore> = variants
-                .map(|(bn, cluster, sk, half)| {
+                .map(|(bn, cluster, sk, narrow)| {
                     let mut plan = TilePlan {
                         probe,
                         ..TilePlan::new(mma, bn).unwrap()
@@ -269,8 +269,8 @@ fn main() {
                     if let Some(sk) = sk {
                         plan = plan.with_stream_k(sk);
                     }
-                    if let Some(half) = half {
-                        plan = plan.with_half_tiles(half);
+                    if let Some(narrow) = narrow {
+                        plan = plan.with_narrow_tiles(narrow);
                     }
                     // One core serves both layers: their weights fold alike here.
                     assert_eq!(
@@ -332,8 +332,8 @@ fn main() {
                         core.plan.ctas_per_sm,
                         core.plan.cluster,
                         if core.plan.splits_tail() { "/sk" } else { "" },
-                        if core.plan.half_tiles && core.plan.ctas_per_sm == 2 {
-                            "/h"
+                        if core.plan.narrow_tiles && core.plan.ctas_per_sm == 2 {
+                            "/n"
                         } else {
                             ""
                         }

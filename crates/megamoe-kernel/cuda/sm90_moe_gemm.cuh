@@ -78,7 +78,7 @@ struct GemmParams {
   float* partials;
   u32* partial_ready;
   int stream_k;
-  int half_tiles;  // two-CTA tiles whose rows fit in BN / 2 run on BN / 2 tokens
+  int narrow_tiles;  // two-CTA tiles run a main loop on as few tokens (8, 16, 24) as their rows allow
 };
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
@@ -271,14 +271,16 @@ struct Consumer {
                                : BN <= 64           ? BN
                                : kKSplit == 1       ? 64
                                                     : 32;
-  // The main loop runs on the first kN tokens of the tile (BN, or BN / 2 for two-CTA tiles whose
-  // rows fit: half the wgmma and promotion work). FP8 chunks of that: kW tokens, kChunks of them;
-  // chunk h is sub-tile h / kKSplit, k part h % kKSplit.
+  // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
+  // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is token sub-tile
+  // h / kKSplit (kNsub tokens from (h / kKSplit) kNsub, the last one narrower when kN is not a
+  // multiple), k part h % kKSplit.
   template <int kN>
   struct Active {
-    static constexpr int kW = kN < kNsub ? kN : kNsub;
-    static constexpr int kChunks = kN / kW * kKSplit;
-    static constexpr int kScalePairs = kW / 8;  // FP8: two token scales per 8 columns
+    static constexpr int kChunks = (kN + kNsub - 1) / kNsub * kKSplit;
+    __host__ __device__ static constexpr int width(int h) {
+      return kN - h / kKSplit * kNsub < kNsub ? kN - h / kKSplit * kNsub : kNsub;
+    }
   };
   static constexpr int kStepsPerChunk = 4 / kKSplit;  // k32 steps
   // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
@@ -463,14 +465,14 @@ struct Consumer {
   }
 
   // FP8: chunk h of the stage in parity P into temp set B.
-  template <int kN, int P, int B>
-  __device__ __forceinline__ void issue_fp8(int h) {
-    constexpr int kW = Active<kN>::kW;
+  template <int kN, int P, int B, int h>
+  __device__ __forceinline__ void issue_fp8() {
+    constexpr int kW = Active<kN>::width(h);
 #pragma unroll
     for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
-    const int first = (h % kKSplit) * kStepsPerChunk;
-    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kW * 8;
+    constexpr int first = (h % kKSplit) * kStepsPerChunk;
+    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kNsub * 8;
 #pragma unroll
     for (int j = 0; j < kStepsPerChunk; ++j)
       mma_fp8_rs<kW>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
@@ -481,24 +483,25 @@ struct Consumer {
   // they are loaded before the wgmma wait that precedes their promotion, so the shared-memory
   // latency hides behind it; two CTAs have no registers to spare for that.
   static constexpr bool kPrefetchScales = kCtas == 1;
-  template <int kN, int P>
-  __device__ __forceinline__ void chunk_scales(int h, float2* sc) const {
-    const float* sf = stage_sf(held[P]) + (h / kKSplit) * Active<kN>::kW;
+  static constexpr int kScalePairs = kNsub / 8;  // FP8: two token scales per 8 columns of a chunk
+  template <int kN, int P, int h>
+  __device__ __forceinline__ void chunk_scales(float2* sc) const {
+    const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub;
 #pragma unroll
-    for (int q = 0; q < Active<kN>::kScalePairs; ++q) sc[q] = *(const float2*)(sf + 8 * q + 2 * t);
+    for (int q = 0; q < Active<kN>::width(h) / 8; ++q) sc[q] = *(const float2*)(sf + 8 * q + 2 * t);
   }
 
   // FP8: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
   // base is per row).
-  template <int kN, int P, int B>
-  __device__ __forceinline__ void promote(int h, const float2* sc) {
-    constexpr int kW = Active<kN>::kW;
+  template <int kN, int P, int B, int h>
+  __device__ __forceinline__ void promote(const float2* sc) {
+    constexpr int kW = Active<kN>::width(h);
 #pragma unroll
     for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
-    for (int q = 0; q < Active<kN>::kScalePairs; ++q) {
-      float* out = acc + (h / kKSplit) * (kW / 2) + 4 * q;
+    for (int q = 0; q < kW / 8; ++q) {
+      float* out = acc + (h / kKSplit) * (kNsub / 2) + 4 * q;
       if constexpr (kRowBase) {
         out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x, out[0]);
         out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y, out[1]);
@@ -519,22 +522,22 @@ struct Consumer {
   __device__ __forceinline__ void fp8_stage() {
     constexpr int kChunks = Active<kN>::kChunks;
     constexpr int B = (P * kChunks + H) & 1;
-    float2 sc[Active<kN>::kScalePairs];
+    float2 sc[kScalePairs];
     if constexpr (H > 0) {
-      if constexpr (kPrefetchScales) chunk_scales<kN, P>(H - 1, sc);
-      issue_fp8<kN, P, B>(H);
+      if constexpr (kPrefetchScales) chunk_scales<kN, P, H - 1>(sc);
+      issue_fp8<kN, P, B, H>();
       wg_wait<1>();
-      if constexpr (!kPrefetchScales) chunk_scales<kN, P>(H - 1, sc);
-      promote<kN, P, B ^ 1>(H - 1, sc);
+      if constexpr (!kPrefetchScales) chunk_scales<kN, P, H - 1>(sc);
+      promote<kN, P, B ^ 1, H - 1>(sc);
     } else if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
-      if constexpr (kPrefetchScales) chunk_scales<kN, 0>(kChunks - 1, sc);
-      issue_fp8<kN, P, B>(H);
+      if constexpr (kPrefetchScales) chunk_scales<kN, 0, kChunks - 1>(sc);
+      issue_fp8<kN, P, B, H>();
       wg_wait<1>();
-      if constexpr (!kPrefetchScales) chunk_scales<kN, 0>(kChunks - 1, sc);
-      promote<kN, 0, B ^ 1>(kChunks - 1, sc);
+      if constexpr (!kPrefetchScales) chunk_scales<kN, 0, kChunks - 1>(sc);
+      promote<kN, 0, B ^ 1, kChunks - 1>(sc);
       release<0>();
     } else {
-      issue_fp8<kN, P, B>(H);
+      issue_fp8<kN, P, B, H>();
     }
     if constexpr (H + 1 < kChunks) fp8_stage<kN, P, H + 1>();
   }
@@ -543,11 +546,11 @@ struct Consumer {
   __device__ __forceinline__ void fp8_drain() {
     constexpr int kChunks = Active<kN>::kChunks;
     constexpr int B = (P * kChunks + kChunks - 1) & 1;
-    float2 sc[Active<kN>::kScalePairs];
-    if constexpr (kPrefetchScales) chunk_scales<kN, P>(kChunks - 1, sc);
+    float2 sc[kScalePairs];
+    if constexpr (kPrefetchScales) chunk_scales<kN, P, kChunks - 1>(sc);
     wg_wait<0>();
-    if constexpr (!kPrefetchScales) chunk_scales<kN, P>(kChunks - 1, sc);
-    promote<kN, P, B>(kChunks - 1, sc);
+    if constexpr (!kPrefetchScales) chunk_scales<kN, P, kChunks - 1>(sc);
+    promote<kN, P, B, kChunks - 1>(sc);
     release<P>();
   }
 
@@ -612,9 +615,11 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   // Stream-K serves the small tiles (two CTAs per SM), whose launches make few rounds; the large
   // tiles' tails are < 1 % of theirs, and their consumers have no registers for the hand-over.
   constexpr bool kStreamK = kCtas == 2 && kCluster == 1;
-  // Two-CTA (small-T) tiles whose rows fit in half of BN run the main loop on BN / 2 tokens
-  // (`half_tiles`): half the wgmma and promotion work where most experts hold a few tokens.
-  constexpr bool kHalfTiles = kCtas == 2;
+  // Narrow tiles (`narrow_tiles`): a two-CTA (small-T) tile whose rows fit in fewer tokens runs a
+  // main loop built for them (8 of 16; 16 of 32, and on the FP8 route 24 of 32 — a BF16 n24
+  // wgmma made ptxas serialize every wgmma of the kernel, C7512): less wgmma and promotion work
+  // where most experts hold a few tokens.
+  constexpr bool kNarrowTiles = kCtas == 2;
   extern __shared__ __align__(1024) u8 smem_raw[];
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.
@@ -756,8 +761,10 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
       // path would cost the main loop its uniform descriptor arithmetic.
       if (kStreamK && (int)(range >> 16) < p.k / kBlockK) c.wait_partial(p.partial_ready);  // a tile head
-      if (kHalfTiles && p.half_tiles && rows <= BN / 2) {
-        c.template mainloop<kHalfTiles ? BN / 2 : BN>(blocks);
+      if (kNarrowTiles && p.narrow_tiles && rows <= BN / 2) {
+        c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
+      } else if (kNarrowTiles && kFp8 && BN == 32 && p.narrow_tiles && rows <= 24) {
+        c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
       } else {
         c.template mainloop<BN>(blocks);
       }

@@ -179,10 +179,10 @@ pub struct TilePlan {
     /// partial round. Applies to the two-CTA tiles, which serve small T, where the tiles make few
     /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11); large tiles make dozens.
     pub stream_k: bool,
-    /// Two-CTA tiles whose rows fit in half the tile run their main loop on half the tokens
-    /// (16 of 32, 8 of 16): half the wgmma and promotion work for the experts of a few tokens
-    /// that small T is made of. No effect on one-CTA tiles.
-    pub half_tiles: bool,
+    /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
+    /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the experts of a few
+    /// tokens that small T is made of. No effect on one-CTA tiles.
+    pub narrow_tiles: bool,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -218,7 +218,7 @@ impl TilePlan {
             k_split: DEFAULT_K_SPLIT,
             cluster: 1,
             stream_k: true,
-            half_tiles: true,
+            narrow_tiles: true,
             probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
@@ -260,9 +260,12 @@ impl TilePlan {
         Self { stream_k, ..self }
     }
 
-    /// The same tile with half tiles on or off (see `half_tiles`).
-    pub fn with_half_tiles(self, half_tiles: bool) -> Self {
-        Self { half_tiles, ..self }
+    /// The same tile with narrow tiles on or off (see `narrow_tiles`).
+    pub fn with_narrow_tiles(self, narrow_tiles: bool) -> Self {
+        Self {
+            narrow_tiles,
+            ..self
+        }
     }
 
     /// Whether launches split the last rounds of tiles over K (`kStreamK` in the kernel).
@@ -418,7 +421,7 @@ struct GemmParams {
     partials: u64,
     partial_ready: u64,
     stream_k: i32,
-    half_tiles: i32,
+    narrow_tiles: i32,
 }
 
 /// Transformed expert weights on one GPU.
@@ -620,7 +623,7 @@ impl GemmCore {
             partials,
             partial_ready,
             stream_k: i32::from(self.plan.splits_tail()),
-            half_tiles: i32::from(self.plan.half_tiles),
+            narrow_tiles: i32::from(self.plan.narrow_tiles),
         };
         let mut config =
             LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);

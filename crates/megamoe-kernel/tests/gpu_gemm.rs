@@ -46,8 +46,8 @@ struct Case<'a> {
     deep_block: bool,
     /// Stream-K on or off (`None`: the plan's default).
     stream_k: Option<bool>,
-    /// Half tiles on or off (`None`: the plan's default).
-    half_tiles: Option<bool>,
+    /// Narrow tiles on or off (`None`: the plan's default).
+    narrow_tiles: Option<bool>,
 }
 
 impl<'a> Case<'a> {
@@ -72,7 +72,7 @@ impl<'a> Case<'a> {
             wide_rows: false,
             deep_block: false,
             stream_k: None,
-            half_tiles: None,
+            narrow_tiles: None,
         }
     }
 }
@@ -91,7 +91,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         wide_rows,
         deep_block,
         stream_k,
-        half_tiles,
+        narrow_tiles,
     } = case;
     let experts = expert_rows.len();
     let mut weights = ExpertWeights::random(experts, n, k, seed);
@@ -129,8 +129,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     if let Some(stream_k) = stream_k {
         plan = plan.with_stream_k(stream_k);
     }
-    if let Some(half_tiles) = half_tiles {
-        plan = plan.with_half_tiles(half_tiles);
+    if let Some(narrow_tiles) = narrow_tiles {
+        plan = plan.with_narrow_tiles(narrow_tiles);
     }
     let mut core = GemmCore::new(gpu, jit, plan).unwrap();
 
@@ -207,8 +207,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     eprintln!(
         "{recipe}/{mma:<4} bn {bn:>3} {base}{}{} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
         if plan.splits_tail() { ", stream-K" } else { "" },
-        if plan.half_tiles && plan.ctas_per_sm == 2 {
-            ", half tiles"
+        if plan.narrow_tiles && plan.ctas_per_sm == 2 {
+            ", narrow tiles"
         } else {
             ""
         },
@@ -365,26 +365,28 @@ fn stream_k_splits_match_the_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn half_tiles_match_the_reference() {
-    // Token blocks on both sides of half a tile (8 and 16 rows), with half tiles on and off.
+fn narrow_tiles_match_the_reference() {
+    // Token blocks on both sides of each narrow width (8, 16, 24 rows), narrow tiles on and off.
     let (gpu, jit) = setup();
-    let rows = [1usize, 8, 9, 16, 17, 31, 32, 33, 0, 5, 48, 40];
+    let rows = [
+        1usize, 8, 9, 16, 17, 24, 25, 31, 32, 33, 0, 5, 48, 40, 56, 57,
+    ];
     for (recipe, mma) in ROUTES {
         for bn in [16, 32] {
-            for half_tiles in [true, false] {
+            for narrow_tiles in [true, false] {
                 let (diff, _) = run(
                     &gpu,
                     &jit,
                     Case {
                         tokens_per_tile: Some(bn),
                         check_stride: Some(1),
-                        half_tiles: Some(half_tiles),
+                        narrow_tiles: Some(narrow_tiles),
                         ..Case::new(recipe, mma, &rows, 256, 640, 21 + bn as u64)
                     },
                 );
                 assert!(
                     diff <= 1e-5,
-                    "{recipe}/{mma} bn {bn} half tiles {half_tiles}: calc_diff {diff:e}"
+                    "{recipe}/{mma} bn {bn} narrow tiles {narrow_tiles}: calc_diff {diff:e}"
                 );
             }
         }
