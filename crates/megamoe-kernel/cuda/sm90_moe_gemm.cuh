@@ -115,6 +115,11 @@ struct Layout {
   static constexpr int kUnitsAt = kTablesAt + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
+  // setmaxnreg only moves registers between the CTA's warpgroups: the CTA launches with the
+  // launch bound's share (65536 / (384 kCtas), in steps of 8), and an increase beyond the sum
+  // waits forever (perf.md v24).
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * (65536 / (kThreads * kCtas) / 8 * 8),
+                "the warpgroups' registers exceed the CTA's");
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
 };
