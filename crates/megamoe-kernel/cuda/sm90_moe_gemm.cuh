@@ -11,21 +11,23 @@
 //   BF16 (either recipe): BF16 WGMMA on exactly widened operands: E2M1 x 2^s_w decoded to BF16 in
 //         registers, the activations arrive already widened (E4M3 x 2^s_a in BF16); FP32 accumulation
 //         over all of K: exact.
-// Warp roles: warpgroup 0 = producer (one thread issues TMA for every stage; FP8: one converter warp
+// Warp roles: warpgroup 0 = producer (one thread walks the schedule, hands each unit of work to the
+// other roles as a UnitDesc in shared memory and issues TMA for every stage; FP8: one converter warp
 // turns the stage's token scales into floats), warpgroups 1 and 2 = consumers (64 weight rows each,
 // the same BN tokens). A persistent CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile
 // is (expert, 128-row weight tile, BN-token block), token block minor, so CTAs working at once share
 // weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
 // weight tiles of one token block in step: each loads half of the shared activation tile into both
 // (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
-// Stream-K (two-CTA tiles, `stream_k`): a persistent grid walking whole tiles loses most of
-// its last round when the tile count is not a multiple of the grid (small T: L2 of V4-Pro at
-// T = 128 is 10.2 rounds, run as 11). So all rounds but the last one or two are whole tiles, and
-// the rest is cut into equal runs of k128 blocks, one run per CTA, at least a tile long. A tile is
-// then split at most once, between consecutive CTAs c and c + 1: c + 1 takes the tail of its K
-// first and hands over its FP32 sums (`partials`, flag `partial_ready`); c takes the head last,
-// adds them (head + tail: a fixed order, so results do not depend on timing) and stores the tile.
-// Every CTA of the grid is resident at once (the grid is the occupancy), so c's wait ends.
+// Stream-K (two-CTA tiles, `stream_k`): a persistent grid walking whole tiles idles part of the
+// SMs in its last round when the tile count is not a multiple of the grid (small T: L2 of V4-Pro at
+// T = 128 is 10.2 rounds; measured gain ≈ 1 %, perf.md v20). So all rounds but the last one or two
+// are whole tiles, and the rest is cut into equal runs of k128 blocks, one run per CTA, at least a
+// tile long. A tile is then split at most once, between consecutive CTAs c and c + 1: c + 1 takes
+// the tail of its K first and hands over its FP32 sums (`partials`, flag `partial_ready`); c takes
+// the head last, adds them (head + tail: a fixed order, so results do not depend on timing) and
+// stores the tile. Every CTA of the grid is resident at once (the grid is the occupancy), so c's
+// wait ends. Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
 // whole 32-byte sectors; otherwise the fragments are stored directly.
