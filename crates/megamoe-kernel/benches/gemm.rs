@@ -1,6 +1,9 @@
 //! Grouped-GEMM benchmark on the V4-Pro per-rank shape (48 experts, H 7168, I 3072, top-6, one GPU):
 //! for each route (recipe / tensor-core route) and token count, L1 (n = 2I, K = H) and L2 (n = H, K = I) over the pool that a
-//! uniform random top-6 routing of T tokens makes, timed with CUDA events (warm-up, median of 25 samples of 4 launches).
+//! uniform random top-6 routing of T tokens makes, timed with CUDA events: every variant of a T runs
+//! for `--warm-up-ms` (300 ms: the GPU reaches its power cap, and the sustained clock), then the
+//! variants are sampled in turn, median of 25 samples of 4 launches each (`--warm-up-ms 0` gives
+//! the faster first-after-idle numbers; docs/perf.md v20 has both).
 //! Inputs are not rotated: every launch streams all of the layer's weights (1.1 / 0.6 GB, twenty
 //! times the L2) from HBM anyway, and the activation pool, L2-resident at small T, is so in the
 //! pipeline too (dispatch and SwiGLU write it just before the GEMM reads it).
