@@ -95,6 +95,7 @@ pub fn token_tiles(mma: Mma) -> &'static [usize] {
 }
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
+/// Consumer warps per CTA (two warpgroups): one stream-K hand-over flag each.
 const CONSUMER_WARPS: usize = 8;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
 const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
@@ -180,8 +181,9 @@ pub struct TilePlan {
     /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11); large tiles make dozens.
     pub stream_k: bool,
     /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
-    /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the experts of a few
-    /// tokens that small T is made of. No effect on one-CTA tiles.
+    /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the
+    /// experts of a few tokens that small T is made of (FP8 T = 128 −9 %, perf.md v22). No
+    /// effect on one-CTA tiles.
     pub narrow_tiles: bool,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
