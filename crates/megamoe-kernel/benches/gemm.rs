@@ -10,7 +10,7 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--narrow-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--narrow-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072]`
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,6 @@ use megamoe_kernel::{
 use rand::{Rng, SeedableRng};
 
 const EXPERTS: usize = 48;
-const HIDDEN: usize = 7168;
-const INTER: usize = 3072;
 const TOP_K: usize = 6;
 const REPS: usize = 25;
 /// Launches per timed sample: the host's per-launch work (argument checks, TMA encoding) then
@@ -56,6 +54,13 @@ struct Args {
     /// FP8 promotions per k128 block (default: the plan's).
     #[arg(long)]
     k_split: Option<usize>,
+    /// Hidden size H (L1's K, L2's n); V4-Pro's by default. Other shapes tell per-tile from
+    /// per-launch costs (e.g. `--hidden 3072 --inter 7168` swaps the layers' K).
+    #[arg(long, default_value_t = 7168)]
+    hidden: usize,
+    /// Expert intermediate size I (L1's n = 2I, L2's K).
+    #[arg(long, default_value_t = 3072)]
+    inter: usize,
     /// Milliseconds of running the variants before sampling them.
     #[arg(long, default_value_t = 300)]
     warm_up_ms: u64,
@@ -164,6 +169,8 @@ fn main() {
         stream_k,
         narrow_tiles,
         warm_up_ms,
+        hidden,
+        inter,
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
@@ -182,7 +189,7 @@ fn main() {
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
     println!(
-        "# {} ({} SMs), HBM copy {:.0} GB/s; V4-Pro per rank: {EXPERTS} experts, H {HIDDEN}, I {INTER}, top-{TOP_K}",
+        "# {} ({} SMs), HBM copy {:.0} GB/s; per rank: {EXPERTS} experts, H {hidden}, I {inter}, top-{TOP_K}",
         gpu.info().name,
         gpu.info().sm_count,
         hbm / 1e9
@@ -203,7 +210,7 @@ fn main() {
         "ratio"
     );
     for (recipe, mma) in routes {
-        let layers: Vec<Layer> = [("L1", 2 * INTER, HIDDEN), ("L2", HIDDEN, INTER)]
+        let layers: Vec<Layer> = [("L1", 2 * inter, hidden), ("L2", hidden, inter)]
             .into_iter()
             .map(|(name, n, k)| {
                 let w = ExpertWeights::random_codes(EXPERTS, n, k, n as u64);
@@ -322,7 +329,7 @@ fn main() {
             }
             for (v, core) in cores.iter().enumerate() {
                 let flops = |n: usize, k: usize| 2.0 * pairs as f64 * n as f64 * k as f64;
-                let (f1, f2) = (flops(2 * INTER, HIDDEN), flops(HIDDEN, INTER));
+                let (f1, f2) = (flops(2 * inter, hidden), flops(hidden, inter));
                 let (t1, t2) = (times[0][v] as f64 * 1e-3, times[1][v] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
