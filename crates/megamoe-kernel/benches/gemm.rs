@@ -76,6 +76,15 @@ struct Args {
 }
 
 /// Rows per expert of a uniform random top-k routing (distinct experts per token).
+/// The variants a list option asks for: each listed value, or the plan's default (`None`).
+fn choices<T: Copy>(list: &[T]) -> Vec<Option<T>> {
+    if list.is_empty() {
+        vec![None]
+    } else {
+        list.iter().copied().map(Some).collect()
+    }
+}
+
 fn parse_on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" => Ok(true),
@@ -174,11 +183,11 @@ fn main() {
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
-    let clusters: Vec<Option<usize>> = if cluster.is_empty() {
-        vec![None]
-    } else {
-        cluster.into_iter().map(Some).collect()
-    };
+    let (clusters, stream_ks, narrows) = (
+        choices(&cluster),
+        choices(&stream_k),
+        choices(&narrow_tiles),
+    );
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
         Err(e) => {
@@ -250,14 +259,6 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
-            let options = |list: &[bool]| -> Vec<Option<bool>> {
-                if list.is_empty() {
-                    vec![None]
-                } else {
-                    list.iter().copied().map(Some).collect()
-                }
-            };
-            let (stream_ks, narrows) = (options(&stream_k), options(&narrow_tiles));
             let variants = bns
                 .into_iter()
                 .filter(|bn| token_tiles(mma).contains(bn))
@@ -342,11 +343,7 @@ fn main() {
                         core.plan.ctas_per_sm,
                         core.plan.cluster,
                         if core.plan.splits_tail() { "/sk" } else { "" },
-                        if core.plan.narrow_tiles && core.plan.ctas_per_sm == 2 {
-                            "/n"
-                        } else {
-                            ""
-                        }
+                        if core.plan.narrows_tiles() { "/n" } else { "" }
                     ),
                     hit,
                     t1 * 1e6,

@@ -74,7 +74,7 @@ struct GemmParams {
   int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
   int k;                     // multiple of 128
   int sf_stride;             // FP8: pool rows padded; >= max(offset + align(rows, BN))
-  // Stream-K (kCluster == 1): per CTA the FP32 sums of the tile tail it starts with, per consumer
+  // Stream-K (two-CTA tiles): per CTA the FP32 sums of the tile tail it starts with, per consumer
   // warp in fragment order [grid][8][BN / 8][32] float4, and a flag per (CTA, warp), 0 between
   // launches (the reader clears it).
   float* partials;
@@ -98,7 +98,7 @@ struct Layout {
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
-  // fold tables (15 x 8 B)
+  // fold tables (15 x 8 B) and the launch's item count, the unit descriptors
   static constexpr int kTableBytes = 128;
   // The producer's unit descriptors (UnitDesc), a ring one longer than the stages: it can run at
   // most kStages stages, so kStages units, ahead of the consumers' last read.

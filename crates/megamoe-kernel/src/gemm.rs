@@ -178,7 +178,8 @@ pub struct TilePlan {
     /// Stream-K for the last rounds of tiles (the kernel's header says how): the grid's last one
     /// or two rounds are cut into equal runs of k128 blocks, so no CTA idles while others finish a
     /// partial round. Applies to the two-CTA tiles, which serve small T, where the tiles make few
-    /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11); large tiles make dozens.
+    /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11; measured ≈ −1 %, perf.md v20); large
+    /// tiles make dozens.
     pub stream_k: bool,
     /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
     /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the
@@ -273,6 +274,11 @@ impl TilePlan {
     /// Whether launches split the last rounds of tiles over K (`kStreamK` in the kernel).
     pub fn splits_tail(&self) -> bool {
         self.stream_k && self.ctas_per_sm == 2 && self.cluster == 1
+    }
+
+    /// Whether launches run narrow main loops for tiles whose rows fit (`kNarrowTiles`).
+    pub fn narrows_tiles(&self) -> bool {
+        self.narrow_tiles && self.ctas_per_sm == 2
     }
 
     /// The same tile with `k_split` promotions per k128 block (FP8).
@@ -535,13 +541,16 @@ impl GemmCore {
         let per_sm = gpu.info().sm_count * plan.ctas_per_sm as u32;
         let cluster = plan.cluster as u32;
         let grid = if cluster == 1 {
-            // Stream-K's hand-over waits on the next CTA, so the whole grid must be resident.
-            let resident = kernel.max_active_blocks_per_sm(THREADS, plan.smem_bytes() as u32)?;
-            if (resident as usize) < plan.ctas_per_sm && plan.splits_tail() {
-                return Err(GemmError::NotResident {
-                    spec: plan.spec().name,
-                    resident,
-                });
+            if plan.splits_tail() {
+                // Stream-K's hand-over waits on the next CTA, so the whole grid must be resident.
+                let resident =
+                    kernel.max_active_blocks_per_sm(THREADS, plan.smem_bytes() as u32)?;
+                if (resident as usize) < plan.ctas_per_sm {
+                    return Err(GemmError::NotResident {
+                        spec: plan.spec().name,
+                        resident,
+                    });
+                }
             }
             per_sm
         } else {
@@ -625,7 +634,7 @@ impl GemmCore {
             partials,
             partial_ready,
             stream_k: i32::from(self.plan.splits_tail()),
-            narrow_tiles: i32::from(self.plan.narrow_tiles),
+            narrow_tiles: i32::from(self.plan.narrows_tiles()),
         };
         let mut config =
             LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);
@@ -808,8 +817,11 @@ mod tests {
     }
 
     #[test]
-    fn stream_k_splits_the_two_cta_tiles() {
+    fn stream_k_and_narrow_tiles_serve_the_two_cta_tiles() {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
+        assert!(plan(Mma::Bf16, 16).narrows_tiles());
+        assert!(!plan(Mma::Fp8, 32).with_narrow_tiles(false).narrows_tiles());
+        assert!(!plan(Mma::Fp8, 128).narrows_tiles(), "one CTA per SM");
         assert!(plan(Mma::Fp8, 16).splits_tail());
         assert!(plan(Mma::Bf16, 32).splits_tail());
         assert!(!plan(Mma::Fp8, 32).with_stream_k(false).splits_tail());

@@ -207,7 +207,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     eprintln!(
         "{recipe}/{mma:<4} bn {bn:>3} {base}{}{} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
         if plan.splits_tail() { ", stream-K" } else { "" },
-        if plan.narrow_tiles && plan.ctas_per_sm == 2 {
+        if plan.narrows_tiles() {
             ", narrow tiles"
         } else {
             ""

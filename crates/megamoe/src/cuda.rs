@@ -129,14 +129,15 @@ impl StageTimes {
 
     /// (name, time) of every part, in order.
     pub fn stages(&self) -> [(&'static str, Duration); 9] {
+        let [dispatch, l1, swiglu, l2, combine] = self.kernel_stages();
         [
             ("upload", self.upload),
             ("route", self.route),
-            ("dispatch", self.dispatch),
-            ("L1", self.l1),
-            ("swiglu", self.swiglu),
-            ("L2", self.l2),
-            ("combine", self.combine),
+            dispatch,
+            l1,
+            swiglu,
+            l2,
+            combine,
             ("waits", self.waits),
             ("download", self.download),
         ]
