@@ -1,6 +1,7 @@
 //! Launching: [`LaunchConfig`] (grid, block, dynamic shared memory, cluster shape, cooperative) and the
 //! [`Launch`] argument builder. Every launch goes through `cuLaunchKernelEx`, since cudarc's launch has
-//! no cluster attribute.
+//! no cluster attribute. Also the occupancy queries a persistent grid is sized by (`Kernel::
+//! max_active_clusters`, `Kernel::max_active_blocks_per_sm`).
 
 use std::ffi::c_void;
 

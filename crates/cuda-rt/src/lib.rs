@@ -17,7 +17,7 @@
 //! | `cache` (private) | the cache files, written atomically |
 //! | [`ptxas`] | [`KernelResources`] (registers, spills, stack, static smem) parsed from the ptxas `-v` report |
 //! | [`module`] | [`Gpu::load_module`] → [`Module`] → [`Kernel`]; dynamic shared memory past 48 KiB |
-//! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative) and the [`Launch`] argument builder, over `cuLaunchKernelEx` |
+//! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative) and the [`Launch`] argument builder, over `cuLaunchKernelEx`; the occupancy of a persistent grid (resident clusters, blocks per SM) |
 //! | [`tma`] | [`TensorMapDesc`] with field-by-field validation ([`TmaError`]) and `cuTensorMapEncodeTiled` → [`TensorMap`] |
 //! | [`peer`] | [`Gpu::enable_peer_access`], [`enable_peer_access_all`] |
 //! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
