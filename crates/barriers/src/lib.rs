@@ -38,11 +38,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The registry entry (`cargo xtask kernels`): all of `barriers_test.cu`, spill-free.
 pub fn kernels() -> Vec<KernelSpec> {
-    let mut spec = KernelSpec::new("barriers/test", TEST_SOURCE).no_spill();
-    for header in CUDA_HEADERS {
-        spec = spec.header(header);
-    }
-    vec![spec]
+    vec![
+        KernelSpec::new("barriers/test", TEST_SOURCE)
+            .no_spill()
+            .headers(CUDA_HEADERS),
+    ]
 }
 
 /// Byte offsets of the barrier words in a symmetric buffer, the same on every rank. The words start

@@ -43,6 +43,12 @@ impl KernelSpec {
         self
     }
 
+    /// Several headers, e.g. a crate's header with the ones it includes.
+    pub fn headers(mut self, headers: impl IntoIterator<Item = Header>) -> Self {
+        self.headers.extend(headers);
+        self
+    }
+
     pub fn define(mut self, name: impl Into<String>, value: impl std::fmt::Display) -> Self {
         self.defines.push((name.into(), value.to_string()));
         self

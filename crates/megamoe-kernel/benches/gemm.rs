@@ -10,14 +10,17 @@
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--narrow-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072]`
+//! `--trace` then runs every variant once more with a timeline of its CTAs and prints where each
+//! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded.
+//!
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--narrow-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072] [--trace]`
 
 use std::time::{Duration, Instant};
 
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
-use megamoe_kernel::gemm::{TOKEN_TILES, parse_route, token_tiles};
+use megamoe_kernel::gemm::{TOKEN_TILES, TRACE_WORDS, parse_route, token_tiles};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
 use megamoe_kernel::{
     DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
@@ -70,6 +73,9 @@ struct Args {
     /// Narrow tiles (two-CTA tiles on fewer tokens when their rows fit), a list to compare.
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
     narrow_tiles: Vec<bool>,
+    /// After timing, one launch of each variant with a timeline of its CTAs (starts, ends, blocks).
+    #[arg(long)]
+    trace: bool,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
@@ -158,6 +164,59 @@ fn hbm_rate(gpu: &Gpu) -> f64 {
     2.0 * bytes as f64 / (ms as f64 * 1e-3)
 }
 
+/// `bn/ctas/cluster[/sk][/n]`.
+fn variant_name(plan: &TilePlan) -> String {
+    format!(
+        "{}/{}/{}{}{}",
+        plan.tokens_per_tile,
+        plan.ctas_per_sm,
+        plan.cluster,
+        if plan.splits_tail() { "/sk" } else { "" },
+        if plan.narrows_tiles() { "/n" } else { "" }
+    )
+}
+
+/// A launch's CTA timeline (`GemmCore::run_traced`'s words), in µs after the first CTA started:
+/// the spread of the starts, the CTAs' ends (the later of their two consumer warpgroups) at
+/// percentiles, and the k128 blocks per CTA.
+fn timeline(words: &[u64]) -> String {
+    let ctas: Vec<&[u64]> = words.chunks_exact(TRACE_WORDS).collect();
+    let first = ctas.iter().map(|c| c[0]).min().unwrap();
+    let us = |ns: u64| (ns - first) as f64 * 1e-3;
+    let mut starts: Vec<f64> = ctas.iter().map(|c| us(c[0])).collect();
+    let mut ends: Vec<f64> = ctas.iter().map(|c| us(c[1].max(c[2]))).collect();
+    let mut blocks: Vec<u64> = ctas.iter().map(|c| c[3]).collect();
+    starts.sort_by(f64::total_cmp);
+    ends.sort_by(f64::total_cmp);
+    blocks.sort();
+    let at = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    // Whether the last CTAs to end are the ones with the most work: the blocks of the 5 % that
+    // end last against all.
+    let late: Vec<&[u64]> = {
+        let cut = at(&ends, 0.95);
+        ctas.iter()
+            .filter(|c| us(c[1].max(c[2])) >= cut)
+            .copied()
+            .collect()
+    };
+    let late_blocks = late.iter().map(|c| c[3]).sum::<u64>() as f64 / late.len() as f64;
+    format!(
+        "starts within {:.1} us (p50 {:.1}); ends min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1} us; \
+         blocks per CTA min {} p50 {} max {} (last 5 % to end: {:.1})",
+        at(&starts, 1.0),
+        at(&starts, 0.5),
+        at(&ends, 0.0),
+        at(&ends, 0.1),
+        at(&ends, 0.5),
+        at(&ends, 0.9),
+        at(&ends, 1.0),
+        blocks[0],
+        blocks[blocks.len() / 2],
+        blocks[blocks.len() - 1],
+        late_blocks
+    )
+}
+
 struct Layer {
     name: &'static str,
     weights: DeviceWeights,
@@ -180,6 +239,7 @@ fn main() {
         warm_up_ms,
         hidden,
         inter,
+        trace,
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
@@ -324,6 +384,30 @@ fn main() {
                 let mut fs: Vec<&mut dyn FnMut()> =
                     runs.iter_mut().map(|f| f as &mut dyn FnMut()).collect();
                 times.push(time_interleaved(&gpu, warm_up, &mut fs));
+                drop(runs);
+                if trace {
+                    // Right after the timing: the GPU in the same (sustained) state.
+                    for core in cores.iter_mut() {
+                        let mut words = gpu
+                            .alloc_zeros::<u64>(TRACE_WORDS * core.grid() as usize)
+                            .unwrap();
+                        core.run_traced(
+                            &gpu,
+                            &layer.weights,
+                            &device_pool,
+                            &mut out.borrow_mut(),
+                            &mut words,
+                        )
+                        .unwrap();
+                        let words = gpu.download(&words).unwrap();
+                        println!(
+                            "trace {recipe}/{mma} T={t} {} {}: {}",
+                            layer.name,
+                            variant_name(&core.plan),
+                            timeline(&words)
+                        );
+                    }
+                }
                 bytes_total += hit * layer.weights.bytes_per_expert()
                     + pairs * (k * mma.act_elem() + layer.weights.n * 2);
                 tracing::debug!(layer = layer.name, ms = ?times.last().unwrap(), "timed");
@@ -337,14 +421,7 @@ fn main() {
                     "{:<9} {:>5} {:>13} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
                     format!("{recipe}/{mma}"),
                     t,
-                    format!(
-                        "{}/{}/{}{}{}",
-                        core.plan.tokens_per_tile,
-                        core.plan.ctas_per_sm,
-                        core.plan.cluster,
-                        if core.plan.splits_tail() { "/sk" } else { "" },
-                        if core.plan.narrows_tiles() { "/n" } else { "" }
-                    ),
+                    variant_name(&core.plan),
                     hit,
                     t1 * 1e6,
                     f1 / t1 / 1e12,

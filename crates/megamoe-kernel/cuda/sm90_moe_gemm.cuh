@@ -49,6 +49,7 @@
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
+#include "barriers.cuh"
 #include "fp_formats.cuh"
 #include "sm90_ptx.cuh"
 
@@ -81,6 +82,9 @@ struct GemmParams {
   u32* partial_ready;
   int stream_k;
   int narrow_tiles;  // two-CTA tiles run a main loop on as few tokens (8, 16, 24) as their rows allow
+  // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
+  // 1, end of warpgroup 2, k128 blocks loaded], times in ns of %globaltimer.
+  unsigned long long* trace;
 };
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
@@ -674,11 +678,13 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       if (threadIdx.x == 0) *launch_items = items;
     }
     if (threadIdx.x == 0) {
+      if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
       prefetch_tensormap(act_map);
       TileWalker<kCluster, BN, kStreamK> walker(p, launch_items);
       int stage = 0, slot = 0;
       u32 phase = 0;
       WorkUnit u;
+      int blocks_loaded = 0;
       for (int n = 0; walker.unit(n, rank, u); ++n) {
         const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
         const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
@@ -688,6 +694,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
                                (u32)u.kb_begin | (u32)u.kb_end << 16};
         if (++slot == L::kUnitSlots) slot = 0;
         const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
+        blocks_loaded += u.kb_end - u.kb_begin;
         for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
           u8* dst = smem + stage * L::kStageBytes;
           mbar_wait(&empty[stage], phase ^ 1);
@@ -722,6 +729,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       mbar_wait(&empty[stage], phase ^ 1);
       units[slot].kb_range = 0;
       mbar_arrive(&full[stage]);
+      if (p.trace) p.trace[4 * blockIdx.x + 3] = (unsigned long long)blocks_loaded;
     } else if (kFp8 && threadIdx.x / 32 == 1) {
       // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
       // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
@@ -803,6 +811,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         }
       }
     }
+    if (p.trace && c.thread % 128 == 0) p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
   }
   if constexpr (kCluster > 1) cluster_sync();
 }

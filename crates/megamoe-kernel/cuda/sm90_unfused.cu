@@ -25,3 +25,8 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_combine_reduce(const __grid_constant__ mm::unfused::CombineReduceParams p) {
   mm::unfused::combine_reduce(p);
 }
+
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
+    uf_rank_barrier(const __grid_constant__ mm::unfused::RankBarrierParams p) {
+  mm::unfused::rank_barrier(p);
+}

@@ -12,12 +12,16 @@
 //                      rank's combine buffer [k][T_max][H] at (slot, token), over a peer pointer;
 //   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y,
 //                      each slot from the combine buffer, or from this rank's own L2 output when
-//                      its own experts computed it.
+//                      its own experts computed it;
+//   uf_rank_barrier    one CTA: the ranks meet after the stages that write into peers (barriers.cuh's
+//                      rank_barrier over the pipeline's signals), so a forward is one stream of
+//                      launches with no host round trip; a missing rank times out into the error word.
 // Specialized with -DUF_G=<32|128> (the recipe's activation group) and -DUF_FP8_POOL=<0|1> (the GEMM's
 // tensor-core route). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
 // (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the
 // GEMM's pool channel order (pool_order.cuh).
 #pragma once
+#include "barriers.cuh"
 #include "fp_formats.cuh"
 #include "pool_order.cuh"
 
@@ -83,6 +87,13 @@ struct CombineReduceParams {
   const u16* l2_out;       // [rows][H] BF16, this rank's pool: the slots it computed itself
   const int* route;        // [T*k] each slot's pool row at its owner
   int tokens, top_k, hidden, max_tokens, experts_per_rank, rank;
+};
+
+struct RankBarrierParams {
+  const symm_mem::SymmBuffer* view;  // this rank's view of every rank's buffer
+  u64* signals;                      // [R] in this rank's buffer (the pipeline's `signals` region)
+  u64* error_word;                   // this rank's own, 0 while the ranks are in step
+  u64 timeout_ns;
 };
 
 // f32 -> BF16 bits, round to nearest even (NaN stays a quiet NaN), as the host's `half::bf16::from_f32`.
@@ -272,11 +283,21 @@ __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
   }
 }
 
+// Every write of the stages before it, on any rank, is visible to every stage after it on every rank.
+// The stages before ran in earlier launches of this stream: the fence publishes their peer writes at
+// system scope before this rank's signals go out (rank_barrier's release stores are per thread).
+__device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
+  if (threadIdx.x == 0) barriers::ptx::fence_acq_rel_sys();
+  __syncthreads();
+  barriers::rank_barrier(p.view, p.signals, p.error_word, p.timeout_ns);
+}
+
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
 static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
 static_assert(sizeof(CombineReduceParams) == 64, "CombineReduceParams layout");
+static_assert(sizeof(RankBarrierParams) == 32, "RankBarrierParams layout");
 
 }  // namespace unfused
 }  // namespace mm

@@ -313,7 +313,7 @@ impl TilePlan {
 
     /// The JIT specialization.
     pub fn spec(&self) -> KernelSpec {
-        let mut spec = KernelSpec::new(
+        KernelSpec::new(
             format!(
                 "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}",
                 self.mma,
@@ -358,11 +358,9 @@ impl TilePlan {
         .define("MM_CLUSTER", self.cluster)
         .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
-        .no_spill();
-        for header in crate::CUDA_HEADERS {
-            spec = spec.header(header);
-        }
-        spec
+        .no_spill()
+        .headers(crate::CUDA_HEADERS)
+        .headers(barriers::CUDA_HEADERS)
     }
 
     /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
@@ -412,6 +410,9 @@ pub fn kernels() -> Vec<KernelSpec> {
         .collect()
 }
 
+/// Words per CTA of [`GemmCore::run_traced`]'s timeline.
+pub const TRACE_WORDS: usize = 4;
+
 /// `GemmParams` of the kernel, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -430,6 +431,7 @@ struct GemmParams {
     partial_ready: u64,
     stream_k: i32,
     narrow_tiles: i32,
+    trace: u64,
 }
 
 /// Transformed expert weights on one GPU.
@@ -590,6 +592,42 @@ impl GemmCore {
         pool: &Pool,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), GemmError> {
+        self.launch(gpu, weights, pool, out, None)
+    }
+
+    /// [`Self::run`], and a timeline of every CTA into `trace` (`[grid][4]`: start, end of each
+    /// consumer warpgroup, in ns of the GPU's global timer, and the k128 blocks it loaded): where a
+    /// launch loses time, at its start or in the spread of its CTAs' ends (the benchmark's `--trace`).
+    pub fn run_traced(
+        &mut self,
+        gpu: &Gpu,
+        weights: &DeviceWeights,
+        pool: &Pool,
+        out: &mut CudaSlice<u16>,
+        trace: &mut CudaSlice<u64>,
+    ) -> Result<(), GemmError> {
+        if trace.len() < TRACE_WORDS * self.grid as usize {
+            return Err(GemmError::Pool {
+                what: "trace",
+                detail: format!("{} words for a grid of {}", trace.len(), self.grid),
+            });
+        }
+        self.launch(gpu, weights, pool, out, Some(trace))
+    }
+
+    /// CTAs of every launch.
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+
+    fn launch(
+        &mut self,
+        gpu: &Gpu,
+        weights: &DeviceWeights,
+        pool: &Pool,
+        out: &mut CudaSlice<u16>,
+        trace: Option<&mut CudaSlice<u64>>,
+    ) -> Result<(), GemmError> {
         self.check(weights, pool, out.len())?;
         let bn = self.plan.tokens_per_tile as u32;
         let (data_type, elem) = match self.plan.mma {
@@ -620,6 +658,13 @@ impl GemmCore {
         let (out_addr, _g6) = out.device_ptr_mut(stream);
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
+        let (trace, _g9) = match trace {
+            Some(t) => {
+                let (ptr, guard) = t.device_ptr_mut(stream);
+                (ptr, Some(guard))
+            }
+            None => (0, None),
+        };
         let params = GemmParams {
             w_codes: codes,
             w_meta: meta,
@@ -635,6 +680,7 @@ impl GemmCore {
             partial_ready,
             stream_k: i32::from(self.plan.splits_tail()),
             narrow_tiles: i32::from(self.plan.narrows_tiles()),
+            trace,
         };
         let mut config =
             LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);

@@ -1,17 +1,21 @@
 //! The unfused MoE pipeline on one GPU of an expert-parallel world: dispatch → L1 GEMM → SwiGLU +
 //! re-quantization → L2 GEMM → combine, each its own launch (`cuda/sm90_unfused.cuh` for the glue,
-//! the grouped GEMM of [`crate::gemm`] for L1/L2). The ranks meet on the host between stages.
+//! the grouped GEMM of [`crate::gemm`] for L1/L2). After each stage that writes into peers
+//! ([`Pipeline::dispatch`], [`Pipeline::combine_send`]) the ranks meet on the device
+//! ([`Pipeline::rank_barrier`]: `barriers`' cross-rank barrier, which times out into an error
+//! word, [`Pipeline::check_barriers`]), so a forward is one stream of launches the host only
+//! enqueues.
 //!
-//! The four buffers peers write into — the L1 pool's activations and scales, its row metadata and
-//! the combine buffer — are the regions of one symmetric buffer per rank ([`PeerLayout`], from
+//! The buffers peers write into — the L1 pool's activations and scales, its row metadata, the
+//! combine buffer and the barrier's signals — are the regions of one symmetric buffer per rank ([`PeerLayout`], from
 //! [`PipelineShape::peer_layout`]), which the caller allocates on every rank (e.g.
 //! `symm_mem::World::alloc_symmetric`: plain device memory with peer access for ranks that are
 //! threads of one process, VMM memory imported from the other ranks for ranks that are processes)
 //! and hands to [`Pipeline::new`] as every rank's base address mapped in this process. Every
 //! rank's [`PeerAddresses`] follow from its base and the fixed offsets, so no address is
 //! exchanged. This module knows no world: the caller exchanges the expert counts (e.g. through
-//! `symm_mem::World::all_gather`) and synchronizes the ranks between the stages that write into a
-//! peer's memory ([`Pipeline::dispatch`], [`Pipeline::combine_send`]).
+//! `symm_mem::World::all_gather`) and meets the other ranks on the host once per forward, before
+//! the dispatch (no peer may write into a rank's pool or metadata before it is ready for them).
 //!
 //! Host-side bookkeeping (runs everywhere, tested without a GPU): [`expert_counts`] of a source
 //! rank, the owner's [`PoolPlan`] (expert offsets, multiples of [`POOL_ROW_ALIGN`] rows; inside an
@@ -22,9 +26,13 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
+use std::time::Duration;
+
+use barriers::BarrierError;
 use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
+use symm_mem::SymmBuffer;
 
 use crate::gemm::{
     DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan,
@@ -59,6 +67,10 @@ pub enum UnfusedError {
     Gemm(#[from] GemmError),
     #[error(transparent)]
     Transform(#[from] crate::TransformError),
+    #[error(transparent)]
+    Barrier(#[from] BarrierError),
+    #[error(transparent)]
+    Symm(#[from] symm_mem::SymmError),
     #[error(
         "pool capacity: owner rank {rank} needs {rows} pool rows (experts padded to {POOL_ROW_ALIGN}), \
          its pools hold {capacity}"
@@ -173,8 +185,8 @@ impl PipelineShape {
 
     /// The regions of one rank's symmetric buffer that peers write into, in this order, each
     /// aligned to [`PEER_REGION_ALIGN`]: the L1 pool (`[pool_rows][H]` E4M3 or BF16), its scales
-    /// ([`Self::sf_bytes`] of H), its [`RowMeta`] `[pool_rows]`, and the combine buffer
-    /// `[top_k][max_tokens][H]` BF16.
+    /// ([`Self::sf_bytes`] of H), its [`RowMeta`] `[pool_rows]`, the combine buffer
+    /// `[top_k][max_tokens][H]` BF16, and the cross-rank barrier's signals `[num_ranks]` u64.
     pub fn peer_layout(&self) -> PeerLayout {
         let mut end = 0usize;
         let mut region = |bytes: usize| {
@@ -186,11 +198,13 @@ impl PipelineShape {
         let l1_sf = region(self.sf_bytes(self.hidden));
         let meta = region(self.pool_rows * size_of::<RowMeta>());
         let combine = region(self.top_k * self.max_tokens * self.hidden * size_of::<u16>());
+        let signals = region(self.num_ranks * size_of::<u64>());
         PeerLayout {
             l1_act,
             l1_sf,
             meta,
             combine,
+            signals,
             bytes: end.next_multiple_of(PEER_REGION_ALIGN),
         }
     }
@@ -448,7 +462,18 @@ struct CombineReduceParams {
     rank: i32,
 }
 
+/// `mm::unfused::RankBarrierParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct RankBarrierParams {
+    view: u64,
+    signals: u64,
+    error_word: u64,
+    timeout_ns: u64,
+}
+
 const _: () = {
+    assert!(size_of::<RankBarrierParams>() == 32);
     assert!(size_of::<RowMeta>() == 16);
     assert!(size_of::<DispatchParams>() == 88);
     assert!(size_of::<SwigluParams>() == 64);
@@ -465,6 +490,7 @@ pub fn glue_spec(recipe: Recipe, mma: Mma) -> KernelSpec {
     .header(fp_formats::CUDA_HEADER)
     .header(UNFUSED_HEADER)
     .header(crate::pool_order::CUDA_HEADER)
+    .headers(barriers::CUDA_HEADERS)
     .define("UF_G", recipe.group())
     .define("UF_FP8_POOL", u8::from(mma == Mma::Fp8))
     .no_spill()
@@ -489,6 +515,7 @@ pub struct GlueKernels {
     swiglu: Kernel,
     combine_send: Kernel,
     combine_reduce: Kernel,
+    rank_barrier: Kernel,
 }
 
 impl GlueKernels {
@@ -503,6 +530,7 @@ impl GlueKernels {
             swiglu: module.kernel("uf_swiglu")?,
             combine_send: module.kernel("uf_combine_send")?,
             combine_reduce: module.kernel("uf_combine_reduce")?,
+            rank_barrier: module.kernel("uf_rank_barrier")?,
         })
     }
 }
@@ -528,18 +556,22 @@ pub struct PeerLayout {
     pub l1_sf: PeerRegion,
     pub meta: PeerRegion,
     pub combine: PeerRegion,
+    /// `[num_ranks]` u64: slot r holds the epoch of the last barrier rank r entered (`barriers`'
+    /// rank_barrier); zero when the pipeline is built, never reset.
+    pub signals: PeerRegion,
     /// The buffer's size: every region's end, rounded up to [`PEER_REGION_ALIGN`].
     pub bytes: usize,
 }
 
 impl PeerLayout {
     /// The regions in buffer order.
-    pub fn regions(&self) -> [(&'static str, PeerRegion); 4] {
+    pub fn regions(&self) -> [(&'static str, PeerRegion); 5] {
         [
             ("l1_act", self.l1_act),
             ("l1_sf", self.l1_sf),
             ("meta", self.meta),
             ("combine", self.combine),
+            ("signals", self.signals),
         ]
     }
 
@@ -551,6 +583,7 @@ impl PeerLayout {
             l1_sf: at(self.l1_sf),
             meta: at(self.meta),
             combine: at(self.combine),
+            signals: at(self.signals),
         }
     }
 
@@ -595,6 +628,7 @@ pub struct PeerAddresses {
     pub l1_sf: u64,
     pub meta: u64,
     pub combine: u64,
+    pub signals: u64,
 }
 
 /// One rank's inputs on the device for one forward.
@@ -671,6 +705,11 @@ pub struct Pipeline {
     base: u64,
     /// `[4][R]`: l1_act, l1_sf, meta, combine of every rank ([`PeerLayout::peer_table`]).
     peers: CudaSlice<u64>,
+    /// This rank's `symm_mem::SymmBuffer` view of every rank's buffer, for the cross-rank barrier.
+    barrier_view: CudaSlice<u8>,
+    /// The barrier's error word: this rank's own, 0 while the ranks are in step.
+    barrier_error: CudaSlice<u64>,
+    barrier_timeout: Duration,
     l1_out: CudaSlice<u16>,
     /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
     silu: CudaSlice<f32>,
@@ -727,6 +766,7 @@ impl Pipeline {
         }
         let layout = shape.peer_layout();
         let table = layout.peer_table(peer_bases, shape.num_ranks)?;
+        let view = SymmBuffer::new(rank as u32, peer_bases)?;
         let rows = shape.pool_rows;
         let elem = shape.act_elem();
         let glue = GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?;
@@ -751,6 +791,9 @@ impl Pipeline {
             layout,
             base: peer_bases[rank],
             peers: gpu.upload(&table)?,
+            barrier_view: gpu.upload(bytemuck::bytes_of(&view))?,
+            barrier_error: gpu.alloc_zeros(1)?,
+            barrier_timeout: barriers::DEFAULT_TIMEOUT,
             l1_out: poisoned(gpu, rows * 2 * i)?,
             silu,
             l2_act: poisoned(gpu, rows * i * elem)?,
@@ -763,7 +806,7 @@ impl Pipeline {
             offsets_dev: None,
         };
         // Last, so that nothing is queued on this buffer when an earlier step fails; no peer
-        // writes into it before the first forward's barriers.
+        // writes into it before the first forward's host meeting. The barrier's signals start at 0.
         pipeline.fill_own(
             gpu,
             PeerRegion {
@@ -772,6 +815,7 @@ impl Pipeline {
             },
             0xff,
         )?;
+        pipeline.fill_own(gpu, layout.signals, 0)?;
         Ok(pipeline)
     }
 
@@ -899,6 +943,50 @@ impl Pipeline {
         Ok(())
     }
 
+    /// How long [`Self::rank_barrier`] waits for a missing rank before it gives up
+    /// ([`barriers::DEFAULT_TIMEOUT`] unless set).
+    pub fn set_barrier_timeout(&mut self, timeout: Duration) {
+        self.barrier_timeout = timeout;
+    }
+
+    /// Collective, queued on the stream: the stages every rank queued before it are done, and
+    /// their writes into peers visible, before any stage queued after it runs (one CTA meets the
+    /// other ranks through the `signals` region; with one rank there is nothing to wait for).
+    /// A rank missing for the timeout sets the error word and lets the stream go on, so the
+    /// forward's results are void: [`Self::check_barriers`] says so once the stream is done.
+    pub fn rank_barrier(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        if self.shape.num_ranks == 1 {
+            return Ok(());
+        }
+        let stream = gpu.stream();
+        let (view, _g0) = self.barrier_view.device_ptr(stream);
+        let (error_word, _g1) = self.barrier_error.device_ptr(stream);
+        let params = RankBarrierParams {
+            view,
+            signals: self.own().signals,
+            error_word,
+            timeout_ns: self.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64,
+        };
+        // SAFETY: the view holds every rank's live buffer (Pipeline::new's contract) and the
+        // signals region of shape.num_ranks slots lies in each; the error word is ours.
+        unsafe {
+            self.glue
+                .rank_barrier
+                .launch(stream, LaunchConfig::linear(1, 32))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    /// After the stream is synchronized: the failure of a [`Self::rank_barrier`] of this pipeline,
+    /// naming the rank that did not arrive. The ranks are out of step from then on (every later
+    /// barrier fails at once): rebuild the pipelines.
+    pub fn check_barriers(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let word = gpu.download(&self.barrier_error)?[0];
+        Ok(barriers::check_error_word(word)?)
+    }
+
     /// Stage 1: this rank's (token, slot) rows into their owners' L1 pools (peer writes).
     pub fn dispatch(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
@@ -964,6 +1052,17 @@ impl Pipeline {
             slot.insert(GemmCore::new(gpu, jit, plan)?);
         }
         Ok((bn, fold))
+    }
+
+    /// Compiles (once) the GEMM cores this forward's plan needs. Called before the stages are
+    /// queued, so that no rank compiles while a peer waits for it at a barrier.
+    pub fn prepare_gemms(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
+        if self.plan.as_ref().is_some_and(|p| p.rows > 0) {
+            let bn = self.tokens_per_tile();
+            self.core(gpu, jit, bn, true)?;
+            self.core(gpu, jit, bn, false)?;
+        }
+        Ok(())
     }
 
     /// The GEMM's token tile for this forward's pool.
@@ -1362,6 +1461,7 @@ mod tests {
                 },
                 rows * 16,
                 s.top_k * s.max_tokens * h * 2,
+                s.num_ranks * 8,
             ];
             let mut end = 0;
             for ((name, region), want) in regions.iter().zip(want) {

@@ -209,7 +209,7 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
         .as_ref()
         .filter(|_| config.num_ranks > 1)
         .map_or(0.0, |p| p.nvlink.pull + p.nvlink.write_back);
-    // The kernels' shares of their own time (the host's waits overlap them).
+    // The kernels' shares of their own time (the chain from dispatch to the top-k reduction).
     let kernel_total: f64 = runs
         .iter()
         .map(|r| r.kernels().as_secs_f64())

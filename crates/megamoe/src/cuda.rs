@@ -11,8 +11,10 @@
 //! Each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
 //! combine buffer) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
 //! base, as mapped in its process, to the pipeline; no address is exchanged. The ranks exchange
-//! expert counts per forward with `all_gather`, and meet at a host barrier after each stage that
-//! writes into a peer's memory (dispatch, combine). The GEMMs' tensor-core route ([`Mma`]) is the
+//! expert counts per forward with `all_gather` and meet once on the host (their pools are ready
+//! for the dispatch); then every stage is queued at once, and after each stage that writes into a
+//! peer's memory (dispatch, combine send) the ranks meet on the device (`Pipeline::rank_barrier`,
+//! which times out into an error that the forward returns). The GEMMs' tensor-core route ([`Mma`]) is the
 //! caller's choice: BF16 is exact for both recipes (accepted at calc_diff ≤ 1e-5, DESIGN §1;
 //! bit-exact on the H200 so far); FP8 (g128 only) is faster but accumulates with Hopper's FP8
 //! tensor core.
@@ -96,8 +98,9 @@ pub struct StageTimes {
     pub l2: Duration,
     /// GPU: combine send + top-k reduction.
     pub combine: Duration,
-    /// Host: the cross-rank waits (synchronize + barrier after dispatch and after combine send).
-    pub waits: Duration,
+    /// GPU: the two cross-rank barriers (after dispatch, after combine send), the wait for the
+    /// slowest rank included.
+    pub barriers: Duration,
     /// Wall clock from the start of `route` to y complete on the device: everything but the
     /// host's upload of the inputs and download of y.
     pub wall: Duration,
@@ -117,19 +120,20 @@ impl StageTimes {
     }
 
     /// (name, time) of every kernel stage, in order.
-    pub fn kernel_stages(&self) -> [(&'static str, Duration); 5] {
+    pub fn kernel_stages(&self) -> [(&'static str, Duration); 6] {
         [
             ("dispatch", self.dispatch),
             ("L1", self.l1),
             ("swiglu", self.swiglu),
             ("L2", self.l2),
             ("combine", self.combine),
+            ("barriers", self.barriers),
         ]
     }
 
     /// (name, time) of every part, in order.
     pub fn stages(&self) -> [(&'static str, Duration); 9] {
-        let [dispatch, l1, swiglu, l2, combine] = self.kernel_stages();
+        let [dispatch, l1, swiglu, l2, combine, barriers] = self.kernel_stages();
         [
             ("upload", self.upload),
             ("route", self.route),
@@ -138,7 +142,7 @@ impl StageTimes {
             swiglu,
             l2,
             combine,
-            ("waits", self.waits),
+            barriers,
             ("download", self.download),
         ]
     }
@@ -328,21 +332,22 @@ impl<'w> CudaRank<'w> {
         }
         // Identical on every rank: a capacity error stops all of them here.
         self.pipe.set_plans(gpu, &all_counts)?;
+        self.pipe.prepare_gemms(gpu, &self.jit)?;
         self.pipe.reset_meta(gpu)?;
         self.pipe.stage_sync(gpu)?;
+        // The one host meeting: every rank's pool and metadata are ready for its peers' dispatch.
         world.barrier()?;
         times.route = lap(&mut clock);
 
-        // Kernels back to back on the stream, timed by events; the host waits only where peers
-        // write into this rank's memory (after dispatch, after combine send).
+        // Every stage queued back to back, timed by events; the ranks meet on the device after
+        // the stages that write into peers (dispatch, combine send).
         let stream = gpu.stream().clone();
         let marks = &mut self.marks;
         marks.clear();
         let d0 = marks.mark(&stream)?;
         self.pipe.dispatch(gpu)?;
         let d1 = marks.mark(&stream)?;
-        times.waits = wait_for_peers(&self.pipe, gpu, world)?;
-
+        self.pipe.rank_barrier(gpu)?;
         let g0 = marks.mark(&stream)?;
         self.pipe.l1(gpu, &self.jit)?;
         let g1 = marks.mark(&stream)?;
@@ -352,13 +357,13 @@ impl<'w> CudaRank<'w> {
         let g3 = marks.mark(&stream)?;
         self.pipe.combine_send(gpu)?;
         let g4 = marks.mark(&stream)?;
-        times.waits += wait_for_peers(&self.pipe, gpu, world)?;
-
+        self.pipe.rank_barrier(gpu)?;
         let c0 = marks.mark(&stream)?;
         self.pipe.combine_reduce(gpu)?;
         let c1 = marks.mark(&stream)?;
         self.pipe.stage_sync(gpu)?;
         times.wall = times.route + lap(&mut clock);
+        self.pipe.check_barriers(gpu)?;
         let ms = |a, b| -> Result<Duration, CudaError> {
             Ok(Duration::from_secs_f64(
                 f64::from(marks.between_ms(a, b)?) * 1e-3,
@@ -369,6 +374,7 @@ impl<'w> CudaRank<'w> {
         times.swiglu = ms(g1, g2)?;
         times.l2 = ms(g2, g3)?;
         times.combine = ms(g3, g4)? + ms(c0, c1)?;
+        times.barriers = ms(d1, g0)? + ms(g4, c0)?;
         let y = self.pipe.download_y(gpu)?;
         times.download = lap(&mut clock);
         Ok((y.into_iter().map(bf16::from_bits).collect(), times))
@@ -382,15 +388,6 @@ impl Drop for CudaRank<'_> {
             tracing::warn!(rank = self.world.rank(), error = %e, "GPU synchronize before releasing the pipeline failed");
         }
     }
-}
-
-/// Collective: waits until this rank's kernels are done and every rank got there (peers write into
-/// each other's buffers between the stages); how long it waited.
-fn wait_for_peers(pipe: &Pipeline, gpu: &Gpu, world: &World) -> Result<Duration, CudaError> {
-    let waited = Instant::now();
-    pipe.stage_sync(gpu)?;
-    world.barrier()?;
-    Ok(waited.elapsed())
 }
 
 /// Collective: the largest of every rank's `tokens` (the T_max every rank builds its pipeline for).
@@ -616,17 +613,17 @@ mod tests {
             swiglu: Duration::from_micros(4),
             l2: Duration::from_micros(5),
             combine: Duration::from_micros(6),
-            waits: Duration::from_micros(9),
+            barriers: Duration::from_micros(9),
             wall: Duration::from_micros(40),
             download: Duration::from_micros(8),
         };
-        assert_eq!(t.kernels(), Duration::from_micros(20));
+        assert_eq!(t.kernels(), Duration::from_micros(29));
         assert_eq!(t.total(), Duration::from_micros(55));
         assert_eq!(t.stages()[3], ("L1", Duration::from_micros(3)));
         assert_eq!(
             t.to_string(),
             "upload 0.007, route 0.001, dispatch 0.002, L1 0.003, swiglu 0.004, L2 0.005, \
-             combine 0.006, waits 0.009, download 0.008 ms"
+             combine 0.006, barriers 0.009, download 0.008 ms"
         );
     }
 }
