@@ -11,9 +11,10 @@
 //! in the same run (a 2 GiB device copy), and the ratio of time to floor.
 //!
 //! `--trace` then runs every variant once more with a timeline of its CTAs and prints where each
-//! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded.
+//! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded,
+//! and every CTA's line (`cta <launch> <cta> <sm> <start> <end> <blocks>`, µs) for a closer look.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--stream-k on,off] [--narrow-tiles on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072] [--trace]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-tail on,off] [--narrow-tiles on,off] [--dynamic on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072] [--trace]`
 
 use std::time::{Duration, Instant};
 
@@ -67,12 +68,15 @@ struct Args {
     /// Milliseconds of running the variants before sampling them.
     #[arg(long, default_value_t = 300)]
     warm_up_ms: u64,
-    /// Stream-K for the last rounds of two-CTA tiles, a list to compare (default: the plan's).
+    /// The split tail (two-CTA tiles' last items drawn in two halves of K), a list to compare.
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
-    stream_k: Vec<bool>,
+    split_tail: Vec<bool>,
     /// Narrow tiles (two-CTA tiles on fewer tokens when their rows fit), a list to compare.
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
     narrow_tiles: Vec<bool>,
+    /// The dynamic tile schedule (CTAs draw tiles from a counter), a list to compare.
+    #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
+    dynamic: Vec<bool>,
     /// After timing, one launch of each variant with a timeline of its CTAs (starts, ends, blocks).
     #[arg(long)]
     trace: bool,
@@ -167,10 +171,15 @@ fn hbm_rate(gpu: &Gpu) -> f64 {
 /// `bn/ctas/cluster[/sk][/n]`.
 fn variant_name(plan: &TilePlan) -> String {
     format!(
-        "{}/{}/{}{}{}",
+        "{}/{}/{}{}{}{}",
         plan.tokens_per_tile,
         plan.ctas_per_sm,
         plan.cluster,
+        if plan.schedules_dynamically() {
+            "/dyn"
+        } else {
+            ""
+        },
         if plan.splits_tail() { "/sk" } else { "" },
         if plan.narrows_tiles() { "/n" } else { "" }
     )
@@ -185,7 +194,7 @@ fn timeline(words: &[u64]) -> String {
     let us = |ns: u64| (ns - first) as f64 * 1e-3;
     let mut starts: Vec<f64> = ctas.iter().map(|c| us(c[0])).collect();
     let mut ends: Vec<f64> = ctas.iter().map(|c| us(c[1].max(c[2]))).collect();
-    let mut blocks: Vec<u64> = ctas.iter().map(|c| c[3]).collect();
+    let mut blocks: Vec<u64> = ctas.iter().map(|c| c[3] & 0xffff_ffff).collect();
     starts.sort_by(f64::total_cmp);
     ends.sort_by(f64::total_cmp);
     blocks.sort();
@@ -199,7 +208,8 @@ fn timeline(words: &[u64]) -> String {
             .copied()
             .collect()
     };
-    let late_blocks = late.iter().map(|c| c[3]).sum::<u64>() as f64 / late.len() as f64;
+    let late_blocks =
+        late.iter().map(|c| c[3] & 0xffff_ffff).sum::<u64>() as f64 / late.len() as f64;
     format!(
         "starts within {:.1} us (p50 {:.1}); ends min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1} us; \
          blocks per CTA min {} p50 {} max {} (last 5 % to end: {:.1})",
@@ -234,8 +244,9 @@ fn main() {
         ctas,
         cluster,
         k_split,
-        stream_k,
+        split_tail,
         narrow_tiles,
+        dynamic,
         warm_up_ms,
         hidden,
         inter,
@@ -243,10 +254,11 @@ fn main() {
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
-    let (clusters, stream_ks, narrows) = (
+    let (clusters, split_tails, narrows, dynamics) = (
         choices(&cluster),
-        choices(&stream_k),
+        choices(&split_tail),
         choices(&narrow_tiles),
+        choices(&dynamic),
     );
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
@@ -323,10 +335,15 @@ fn main() {
                 .into_iter()
                 .filter(|bn| token_tiles(mma).contains(bn))
                 .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)))
-                .flat_map(|(bn, cl)| stream_ks.iter().map(move |&sk| (bn, cl, sk)))
-                .flat_map(|(bn, cl, sk)| narrows.iter().map(move |&narrow| (bn, cl, sk, narrow)));
+                .flat_map(|(bn, cl)| split_tails.iter().map(move |&sk| (bn, cl, sk)))
+                .flat_map(|(bn, cl, sk)| narrows.iter().map(move |&narrow| (bn, cl, sk, narrow)))
+                .flat_map(|(bn, cl, sk, narrow)| {
+                    dynamics
+                        .iter()
+                        .map(move |&dynamic| (bn, cl, sk, narrow, dynamic))
+                });
             let mut cores: Vec<GemmCore> = variants
-                .map(|(bn, cluster, sk, narrow)| {
+                .map(|(bn, cluster, sk, narrow, dynamic)| {
                     let mut plan = TilePlan {
                         probe,
                         ..TilePlan::new(mma, bn).unwrap()
@@ -338,10 +355,13 @@ fn main() {
                         plan = plan.with_cluster(cluster);
                     }
                     if let Some(sk) = sk {
-                        plan = plan.with_stream_k(sk);
+                        plan = plan.with_split_tail(sk);
                     }
                     if let Some(narrow) = narrow {
                         plan = plan.with_narrow_tiles(narrow);
+                    }
+                    if let Some(dynamic) = dynamic {
+                        plan = plan.with_dynamic(dynamic);
                     }
                     // One core serves both layers: their weights fold alike here.
                     assert_eq!(
@@ -400,12 +420,23 @@ fn main() {
                         )
                         .unwrap();
                         let words = gpu.download(&words).unwrap();
-                        println!(
-                            "trace {recipe}/{mma} T={t} {} {}: {}",
+                        let launch = format!(
+                            "{recipe}/{mma}/T{t}/{}/{}",
                             layer.name,
-                            variant_name(&core.plan),
-                            timeline(&words)
+                            variant_name(&core.plan)
                         );
+                        println!("trace {launch}: {}", timeline(&words));
+                        let first = words.chunks_exact(TRACE_WORDS).map(|c| c[0]).min().unwrap();
+                        for (cta, c) in words.chunks_exact(TRACE_WORDS).enumerate() {
+                            let us = |ns: u64| (ns - first) as f64 * 1e-3;
+                            println!(
+                                "cta {launch} {cta} {} {:.1} {:.1} {}",
+                                c[3] >> 32,
+                                us(c[0]),
+                                us(c[1].max(c[2])),
+                                c[3] & 0xffff_ffff
+                            );
+                        }
                     }
                 }
                 bytes_total += hit * layer.weights.bytes_per_expert()

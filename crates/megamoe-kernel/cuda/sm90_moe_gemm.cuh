@@ -19,15 +19,16 @@
 // weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
 // weight tiles of one token block in step: each loads half of the shared activation tile into both
 // (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
-// Stream-K (two-CTA tiles, `stream_k`): a persistent grid walking whole tiles idles part of the
-// SMs in its last round when the tile count is not a multiple of the grid (small T: L2 of V4-Pro at
-// T = 128 is 10.2 rounds; measured gain ≈ 1 %, perf.md v20). So all rounds but the last one or two
-// are whole tiles, and the rest is cut into equal runs of k128 blocks, one run per CTA, at least a
-// tile long. A tile is then split at most once, between consecutive CTAs c and c + 1: c + 1 takes
-// the tail of its K first and hands over its FP32 sums (`partials`, flag `partial_ready`); c takes
-// the head last, adds them (head + tail: a fixed order, so results do not depend on timing) and
-// stores the tile. Every CTA of the grid is resident at once (the grid is the occupancy), so c's
-// wait ends. Narrow tiles: see kNarrowTiles in moe_gemm.
+// Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
+// when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace);
+// otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_tail`, drawn
+// tiles only): the last items of a launch, one per CTA at most, are drawn as two halves of their
+// k128 blocks, all tails first and then all heads, so a launch ends on half tiles. A tail hands its
+// FP32 sums to its item's slot (`partials`, flag `partial_ready`); the head waits for them, adds
+// them (head + tail: a fixed order, results do not depend on timing) and stores the tile. A head
+// waits only for a tail drawn before it, whose CTA waits for nothing, and every CTA of the grid is
+// resident at once (the grid is the occupancy), so the wait ends. Narrow tiles: see kNarrowTiles in
+// moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
 // whole 32-byte sectors; otherwise the fragments are stored directly.
@@ -75,15 +76,19 @@ struct GemmParams {
   int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
   int k;                     // multiple of 128
   int sf_stride;             // FP8: pool rows padded; >= max(offset + align(rows, BN))
-  // Stream-K (two-CTA tiles): per CTA the FP32 sums of the tile tail it starts with, per consumer
-  // warp in fragment order [grid][8][BN / 8][32] float4, and a flag per (CTA, warp), 0 between
+  // Split tail (two-CTA tiles, drawn): per split item (slot) the FP32 sums of its tail, per consumer
+  // warp in fragment order [grid][8][BN / 8][32] float4, and a flag per (slot, warp), 0 between
   // launches (the reader clears it).
   float* partials;
   u32* partial_ready;
-  int stream_k;
+  int split_tail;
   int narrow_tiles;  // two-CTA tiles run a main loop on as few tokens (8, 16, 24) as their rows allow
+  // Dynamic schedule (one-CTA clusters; null: the static one): [0] the next item of the launch,
+  // drawn by each CTA's producer when it needs one; [1] CTAs done drawing. Both 0 between launches:
+  // the last CTA to finish drawing resets them.
+  u32* tickets;
   // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
-  // 1, end of warpgroup 2, k128 blocks loaded], times in ns of %globaltimer.
+  // 1, end of warpgroup 2, k128 blocks loaded | SM << 32], times in ns of %globaltimer.
   unsigned long long* trace;
 };
 
@@ -107,7 +112,7 @@ struct Layout {
   // The producer's unit descriptors (UnitDesc), a ring one longer than the stages: it can run at
   // most kStages stages, so kStages units, ahead of the consumers' last read.
   static constexpr int kUnitSlots = kStages + 1;
-  static constexpr int kUnitBytes = kUnitSlots * 16;
+  static constexpr int kUnitBytes = kUnitSlots * 32;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
   static constexpr int kSmemBytes =
       1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes + kUnitBytes;
@@ -130,9 +135,10 @@ struct Layout {
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
 };
 
-// A piece of work: k128 blocks [kb_begin, kb_end) of one tile (expert, weight tile, token block).
+// A piece of work: k128 blocks [kb_begin, kb_end) of one tile (expert, weight tile, token block);
+// a half of a split item hands over through partials slot `slot`.
 struct WorkUnit {
-  int expert, n_tile, m_block, kb_begin, kb_end;
+  int expert, n_tile, m_block, kb_begin, kb_end, slot;
 };
 
 // A unit as the producer hands it to the converter warp and the consumers, in shared memory (slot
@@ -144,21 +150,22 @@ struct UnitDesc {
   int rows;       // rows of the tile that exist (the expert's rows from row0, at most BN)
   int n_col;      // first output column (weight row) of the tile; >= n_out: a cluster's ghost
   u32 kb_range;   // kb_begin | kb_end << 16
+  int slot;       // a split item's partials slot (its tail: kb_begin > 0; its head: kb_end < K / 128)
+  int pad_[3];    // 32 B: two 16-B loads
 };
 
 // Walks the work of one CTA in order (the producer; it tells the other roles through UnitDesc).
 // A work item is (expert, group of kGroup consecutive weight tiles, token block): a cluster of
 // kGroup CTAs takes one item at a time, each CTA the weight tile of its rank in the cluster (the
-// last group of an odd tile count has a ghost tile, past n_out). Whole items come first, strided
-// over the grid (CTAs working at once share weight and activation tiles through L2); with stream-K
-// the items of the last one or two rounds are cut into runs of k128 blocks, one contiguous run per
-// CTA.
-template <int kGroup, int BN, bool kStreamK>
+// last group of an odd tile count has a ghost tile, past n_out). Items go in launch order (CTAs
+// working at once share weight and activation tiles through L2): drawn from `tickets`, or strided
+// over the grid; drawn with a split tail, the last items (one per CTA at most) as two halves.
+template <int kGroup, int BN, bool kSplitTail>
 struct TileWalker {
   // The kernel's parameters, by reference: reads come from the constant bank, not through a
   // pointer held in the producer's 48 registers.
   const GemmParams& p;
-  // Every item of the launch (stream-K only), in shared memory: the producer has 48 registers.
+  // Every item of the launch (split tail only), in shared memory: the producer has 48 registers.
   const volatile int* launch_items;
   int expert = -1, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
 
@@ -171,9 +178,14 @@ struct TileWalker {
     expert_m_blocks = expert < p.num_experts ? (p.expert_rows[expert] + BN - 1) / BN : 0;
     expert_items = expert_m_blocks * ((p.n_out / kTileRows + kGroup - 1) / kGroup);
   }
-  // Finds item `idx` (non-decreasing between calls) and the weight tile of cluster rank `rank` in
-  // it. Returns false past the last item.
+  // Finds item `idx` and the weight tile of cluster rank `rank` in it; walks forward from the last
+  // call (a split tail's heads go back once, to the start). Returns false past the last item.
   __device__ bool seek(int idx, int rank, WorkUnit& u) {
+    if (idx < expert_first_item) {
+      expert = -1;
+      expert_first_item = expert_items = 0;
+      next_expert();
+    }
     while (expert < p.num_experts && idx >= expert_first_item + expert_items) next_expert();
     if (expert >= p.num_experts) return false;
     const int local = idx - expert_first_item;
@@ -185,29 +197,45 @@ struct TileWalker {
   // This CTA's unit n (n = 0, 1, ... in turn); false when there is none. The schedule is
   // recomputed each time rather than held in registers.
   __device__ bool unit(int n, int rank, WorkUnit& u) {
-    const int ctas = gridDim.x / kGroup, me = blockIdx.x / kGroup, k_blocks = p.k / kBlockK;
-    const int total = *launch_items;
-    const bool split = kStreamK && p.stream_k && total >= ctas;
-    // Whole rounds but the last one or two; the runs then cover >= one tile each, so a tile is
-    // split at most once and its head is the last unit of one CTA, its tail the first of the next.
-    const int rounds = split ? total / ctas - 1 : 0x7fffffff;
+    const int k_blocks = p.k / kBlockK;
     u.kb_begin = 0;
     u.kb_end = k_blocks;
-    if (n < rounds) return seek(me + n * ctas, rank, u);
-    const int first = rounds * ctas * k_blocks, iters = (total - rounds * ctas) * k_blocks;
-    const int per_cta = (iters + ctas - 1) / ctas;
-    const int run_begin = first + min(iters, me * per_cta), run_end = first + min(iters, (me + 1) * per_cta);
-    const int j = n - rounds;  // this run's unit j: the run's first (maybe partial) tile, then whole ones
-    const int begin = j == 0 ? run_begin : (run_begin / k_blocks + j) * k_blocks;
-    if (begin >= run_end) return false;
-    const int item = begin / k_blocks;
-    u.kb_begin = begin - item * k_blocks;
-    u.kb_end = min(k_blocks, run_end - item * k_blocks);
-    return seek(item, rank, u);
+    u.slot = 0;
+    if (kGroup == 1 && p.tickets) {
+      // Drawn: items in launch order, each to the CTA that asks first. CTAs do not run at one
+      // pace (of two on one SM one runs ahead, perf.md v28), so fixed shares leave the launch
+      // waiting for the slowest.
+      int item = (int)atomicAdd(p.tickets, 1u);
+      if (kSplitTail && p.split_tail && k_blocks > 1) {
+        // Split tail: tickets past the whole items are the split items' tails, then their heads.
+        const int total = *launch_items, split = min(total, (int)gridDim.x), whole = total - split;
+        const int j = item - whole;
+        if (j >= 0 && j < 2 * split) {
+          u.slot = j < split ? j : j - split;
+          item = whole + u.slot;
+          if (j < split) {
+            u.kb_begin = k_blocks / 2;
+          } else {
+            u.kb_end = k_blocks / 2;
+          }
+        } else if (j >= 0) {
+          item = total;  // past the end
+        }
+      }
+      if (seek(item, rank, u)) return true;
+      // Past the end: this CTA draws no more. The last one to get here resets the tickets for
+      // the next launch (nobody draws after it).
+      if (atomicAdd(p.tickets + 1, 1u) == gridDim.x - 1) {
+        atomicExch(p.tickets, 0u);
+        atomicExch(p.tickets + 1, 0u);
+      }
+      return false;
+    }
+    return seek(blockIdx.x / kGroup + n * (gridDim.x / kGroup), rank, u);
   }
 };
 
-// Every item of the launch: the stream-K split needs the total, which only the device knows (the
+// Every item of the launch: the split tail needs the total, which only the device knows (the
 // expert row counts are written by the dispatch). One warp sums it.
 template <int kGroup>
 __device__ int count_items(const GemmParams& p, int bn, int lane) {  // lane: of a whole warp
@@ -276,7 +304,7 @@ struct Consumer {
   using L = Layout<BN, kFp8, kCtas>;
   // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers); with
   // two CTAs per SM (96 registers) 16. (A whole 32-token tile per chunk fit once, with 6 % fewer
-  // instructions and no measured gain, v14; the stream-K schedule took those registers.)
+  // instructions and no measured gain, v14; the split tail's hand-over took those registers.)
   static constexpr int kNsub = !kFp8                ? BN
                                : kCtas == 2         ? 16
                                : BN <= 64           ? BN
@@ -436,34 +464,34 @@ struct Consumer {
   // This warp among the 8 consumer warps, from the thread index (a member would cost a register
   // the main loop needs).
   __device__ __forceinline__ static int consumer_warp() { return (int)threadIdx.x / 32 - 4; }
-  // Stream-K: this warp's FP32 sums of a tile tail, for the CTA before this one (slot blockIdx.x).
-  // Fragment order, one float4 per 32 lanes at a time: whole 512-B lines.
-  __device__ __forceinline__ void store_partial(float* partials, u32* ready) const {
+  // Split tail: this warp's FP32 sums of a tile's tail, for its head, in `slot`. Fragment order,
+  // one float4 per 32 lanes at a time: whole 512-B lines.
+  __device__ __forceinline__ void store_partial(float* partials, u32* ready, int slot) const {
     const int w = consumer_warp();
-    float4* dst = (float4*)partials + (size_t)(blockIdx.x * 8 + w) * (BN / 8) * 32 + lane;
+    float4* dst = (float4*)partials + (size_t)(slot * 8 + w) * (BN / 8) * 32 + lane;
 #pragma unroll
     for (int q = 0; q < BN / 8; ++q)
       __stcg(dst + 32 * q, make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
     // The warp barrier orders every lane's stores before each lane's release of the flag (the same
     // word and value from all lanes: a branch for lane 0 alone made ptxas spill the main loop).
     __syncwarp();
-    st_release_gpu(ready + blockIdx.x * 8 + w, 1);
+    st_release_gpu(ready + slot * 8 + w, 1);
   }
-  // Stream-K: waits until the next CTA (slot blockIdx.x + 1) has handed over the tail of the tile
-  // whose head this warp is about to compute. That CTA stored it right after its first run, which
-  // is no longer than this head's start, so the wait is normally over at once. It ends because
-  // every CTA of the grid is resident (GemmCore::new checks the occupancy), like the kernel's
-  // mbarrier waits. (No timeout and trap: the trap's path made ptxas spill the main loop, as did
-  // a wait loop after it, where the accumulators are live.)
-  __device__ __forceinline__ void wait_partial(u32* ready) const {
-    u32* flag = ready + (blockIdx.x + 1) * 8 + consumer_warp();
+  // Split tail: waits until the tail of the tile whose head this warp is about to compute has been
+  // handed over in `slot`. The tail was drawn a round of tickets earlier, so the wait is normally
+  // over at once; it ends because the tail's CTA waits for nothing and every CTA of the grid is
+  // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. (No timeout
+  // and trap: the trap's path made ptxas spill the main loop, as did a wait loop after it, where
+  // the accumulators are live.)
+  __device__ __forceinline__ void wait_partial(u32* ready, int slot) const {
+    u32* flag = ready + slot * 8 + consumer_warp();
     while (!__any_sync(0xffffffffu, ld_acquire_gpu(flag) != 0)) {
     }
     if (lane == 0) *flag = 0;  // ready for the next launch
   }
-  // Stream-K: acc (a tile head) += the tail's sums (head + tail: a fixed order).
-  __device__ __forceinline__ void add_partial(const float* partials) {
-    const int w = consumer_warp(), slot = blockIdx.x + 1;
+  // Split tail: acc (a tile head) += the tail's sums in `slot` (head + tail: a fixed order).
+  __device__ __forceinline__ void add_partial(const float* partials, int slot) {
+    const int w = consumer_warp();
     const float4* src = (const float4*)partials + (size_t)(slot * 8 + w) * (BN / 8) * 32 + lane;
 #pragma unroll
     for (int q = 0; q < BN / 8; ++q) {
@@ -623,9 +651,9 @@ struct Consumer {
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kFp8, kCtas>;
-  // Stream-K serves the small tiles (two CTAs per SM), whose launches make few rounds; the large
-  // tiles' tails are < 1 % of theirs, and their consumers have no registers for the hand-over.
-  constexpr bool kStreamK = kCtas == 2 && kCluster == 1;
+  // The split tail serves the small tiles (two CTAs per SM), a few of which make a CTA's work; the
+  // large tiles' launches make dozens of rounds, and their consumers have no registers for it.
+  constexpr bool kSplitTail = kCtas == 2 && kCluster == 1;
   // Narrow tiles (`narrow_tiles`): a two-CTA (small-T) tile whose rows fit in fewer tokens runs a
   // main loop built for them (8 of 16; 16 of 32, and on the FP8 route 24 of 32 — a BF16 n24
   // wgmma made ptxas serialize every wgmma of the kernel, C7512): less wgmma and promotion work
@@ -674,27 +702,25 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     setmaxnreg_dec<L::kProducerRegs>();
     int* launch_items = (int*)(smem + L::kItemsAt);
     if (threadIdx.x < 32) {
-      const int items = kStreamK && p.stream_k ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
+      const int items = kSplitTail && p.split_tail ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
       if (threadIdx.x == 0) *launch_items = items;
     }
     if (threadIdx.x == 0) {
       if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
       prefetch_tensormap(act_map);
-      TileWalker<kCluster, BN, kStreamK> walker(p, launch_items);
+      TileWalker<kCluster, BN, kSplitTail> walker(p, launch_items);
       int stage = 0, slot = 0;
       u32 phase = 0;
       WorkUnit u;
-      int blocks_loaded = 0;
       for (int n = 0; walker.unit(n, rank, u); ++n) {
         const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
         const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
         // The unit's descriptor goes out before the arrive that completes its first stage.
         mbar_wait(&empty[stage], phase ^ 1);
         units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
-                               (u32)u.kb_begin | (u32)u.kb_end << 16};
+                               (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, {}};
         if (++slot == L::kUnitSlots) slot = 0;
         const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
-        blocks_loaded += u.kb_end - u.kb_begin;
         for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
           u8* dst = smem + stage * L::kStageBytes;
           mbar_wait(&empty[stage], phase ^ 1);
@@ -729,7 +755,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       mbar_wait(&empty[stage], phase ^ 1);
       units[slot].kb_range = 0;
       mbar_arrive(&full[stage]);
-      if (p.trace) p.trace[4 * blockIdx.x + 3] = (unsigned long long)blocks_loaded;
     } else if (kFp8 && threadIdx.x / 32 == 1) {
       // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
       // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
@@ -775,7 +800,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       // A ghost tile (past n_out: the odd last tile of a cluster's group) runs the math on
       // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
       // path would cost the main loop its uniform descriptor arithmetic.
-      if (kStreamK && (int)(range >> 16) < p.k / kBlockK) c.wait_partial(p.partial_ready);  // a tile head
+      if (kSplitTail && (int)(range >> 16) < p.k / kBlockK)  // a tile head
+        c.wait_partial(p.partial_ready, __shfl_sync(0xffffffffu, unit->slot, 0));
       if (kNarrowTiles && p.narrow_tiles && rows <= BN / 2) {
         c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
       } else if (kNarrowTiles && kFp8 && BN == 32 && p.narrow_tiles && rows <= 24) {
@@ -784,13 +810,15 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         c.template mainloop<BN>(blocks);
       }
       const UnitDesc d = *unit;  // read again: no registers held across the main loop
+      // (Counted here: a count in the producer's 48 registers made it spill.)
+      if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
       if (kCluster > 1 && d.n_col >= p.n_out) continue;
-      if constexpr (kStreamK) {
-        if ((d.kb_range & 0xffff) > 0) {  // the tail of a tile the previous CTA began
-          c.store_partial(p.partials, p.partial_ready);
+      if constexpr (kSplitTail) {
+        if ((d.kb_range & 0xffff) > 0) {  // the tail of a split tile: its head adds it
+          c.store_partial(p.partials, p.partial_ready, d.slot);
           continue;
         }
-        if ((int)(d.kb_range >> 16) < p.k / kBlockK) c.add_partial(p.partials);  // a head: + the tail's sums
+        if ((int)(d.kb_range >> 16) < p.k / kBlockK) c.add_partial(p.partials, d.slot);  // a head: + the tail's sums
       }
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = d.rows;
@@ -811,7 +839,10 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         }
       }
     }
-    if (p.trace && c.thread % 128 == 0) p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
+    if (p.trace && c.thread % 128 == 0) {
+      p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
+      if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
+    }
   }
   if constexpr (kCluster > 1) cluster_sync();
 }

@@ -13,6 +13,12 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// The SM this thread runs on (the benchmark's CTA timelines).
+__device__ __forceinline__ u32 smid() {
+  u32 id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
 
 // ---------------------------------------------------------------- mbarrier
 __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {

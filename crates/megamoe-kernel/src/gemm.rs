@@ -95,7 +95,7 @@ pub fn token_tiles(mma: Mma) -> &'static [usize] {
 }
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
-/// Consumer warps per CTA (two warpgroups): one stream-K hand-over flag each.
+/// Consumer warps per CTA (two warpgroups): one split-tail hand-over flag each.
 const CONSUMER_WARPS: usize = 8;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
 const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
@@ -175,12 +175,17 @@ pub struct TilePlan {
     /// one-CTA tiles 4–6 % faster (its default); FP8 128-token tiles within 1 % (the two CTAs'
     /// rings move in lockstep, which eats the saving), so FP8 stays at one.
     pub cluster: usize,
-    /// Stream-K for the last rounds of tiles (the kernel's header says how): the grid's last one
-    /// or two rounds are cut into equal runs of k128 blocks, so no CTA idles while others finish a
-    /// partial round. Applies to the two-CTA tiles, which serve small T, where the tiles make few
-    /// rounds (V4-Pro at T = 128: L1 8.7 → 9, L2 10.2 → 11; measured ≈ −1 %, perf.md v20); large
-    /// tiles make dozens.
-    pub stream_k: bool,
+    /// Split tail (with the dynamic schedule; the kernel's header says how): the last items of a
+    /// launch, one per CTA at most, are drawn as two halves of their K, so the launch ends on half
+    /// tiles. For the two-CTA tiles, which serve small T, where a tile is a large part of a CTA's
+    /// work (V4-Pro at T = 128: about 9 tiles per CTA in L1); on by default for 32-token tiles.
+    pub split_tail: bool,
+    /// Dynamic schedule (the default): each CTA draws its next tile from a counter when it needs
+    /// one, instead of taking every grid-th tile, so CTAs that run faster take more. They do not
+    /// run at one pace: of two CTAs on one SM one runs ahead, and with equal shares it ends 15 %
+    /// earlier and leaves the SM to the other (perf.md v28: −4 % FP8 at T = 8 and 128, −2 % BF16,
+    /// −1 % at T ≥ 2048). One-CTA clusters only.
+    pub dynamic: bool,
     /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
     /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the
     /// experts of a few tokens that small T is made of (FP8 T = 128 −9 %, perf.md v22). No
@@ -220,7 +225,10 @@ impl TilePlan {
             fold: Fold::default(),
             k_split: DEFAULT_K_SPLIT,
             cluster: 1,
-            stream_k: true,
+            // Measured (perf.md v29): the split gains ≈ 0.7 % with 32-token tiles (T = 128) and
+            // costs 2 % with 16-token ones (T = 8), whose CTAs draw few tiles' worth of blocks.
+            split_tail: tokens_per_tile >= 32,
+            dynamic: true,
             narrow_tiles: true,
             probe: false,
         };
@@ -258,9 +266,9 @@ impl TilePlan {
         Self { cluster, ..self }
     }
 
-    /// The same tile with stream-K on or off (it applies to two-CTA tiles only).
-    pub fn with_stream_k(self, stream_k: bool) -> Self {
-        Self { stream_k, ..self }
+    /// The same tile with the split tail on or off (it applies to drawn two-CTA tiles only).
+    pub fn with_split_tail(self, split_tail: bool) -> Self {
+        Self { split_tail, ..self }
     }
 
     /// The same tile with narrow tiles on or off (see `narrow_tiles`).
@@ -271,9 +279,19 @@ impl TilePlan {
         }
     }
 
-    /// Whether launches split the last rounds of tiles over K (`kStreamK` in the kernel).
+    /// The same tile with the dynamic schedule on or off (see `dynamic`).
+    pub fn with_dynamic(self, dynamic: bool) -> Self {
+        Self { dynamic, ..self }
+    }
+
+    /// Whether launches draw their tiles from a counter (`GemmParams::tickets`).
+    pub fn schedules_dynamically(&self) -> bool {
+        self.dynamic && self.cluster == 1
+    }
+
+    /// Whether launches draw their last items in two halves of K (`kSplitTail` in the kernel).
     pub fn splits_tail(&self) -> bool {
-        self.stream_k && self.ctas_per_sm == 2 && self.cluster == 1
+        self.split_tail && self.ctas_per_sm == 2 && self.schedules_dynamically()
     }
 
     /// Whether launches run narrow main loops for tiles whose rows fit (`kNarrowTiles`).
@@ -301,14 +319,14 @@ impl TilePlan {
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's rows
     /// (FP8, one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables
-    /// (and the launch's item count), and the producer's ring of 16-B unit descriptors, one
+    /// (and the launch's item count), and the producer's ring of 32-B unit descriptors, one
     /// longer than the stages.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
             + epilogue_bytes(self.mma, self.ctas_per_sm)
             + (24 * self.stages).next_multiple_of(16)
             + 128
-            + 16 * (self.stages + 1)
+            + 32 * (self.stages + 1)
     }
 
     /// The JIT specialization.
@@ -429,8 +447,9 @@ struct GemmParams {
     sf_stride: i32,
     partials: u64,
     partial_ready: u64,
-    stream_k: i32,
+    split_tail: i32,
     narrow_tiles: i32,
+    tickets: u64,
     trace: u64,
 }
 
@@ -528,10 +547,13 @@ pub struct GemmCore {
     kernel: Kernel,
     /// Persistent CTAs: as many as fit at once (whole clusters).
     grid: u32,
-    /// Stream-K: each CTA's hand-over of a tile tail's FP32 sums (a 128 × BN tile) and its
-    /// flag per consumer warp, zero between launches; empty without stream-K.
+    /// Split tail: per split item (at most one per CTA) the hand-over of its tail's FP32 sums (a
+    /// 128 × BN tile) and a flag per consumer warp, zero between launches; empty without it.
     partials: CudaSlice<f32>,
     partial_ready: CudaSlice<u32>,
+    /// Dynamic schedule: the next item and the CTAs done drawing, zero between launches; empty
+    /// for the static schedule.
+    tickets: CudaSlice<u32>,
 }
 
 impl GemmCore {
@@ -544,7 +566,7 @@ impl GemmCore {
         let cluster = plan.cluster as u32;
         let grid = if cluster == 1 {
             if plan.splits_tail() {
-                // Stream-K's hand-over waits on the next CTA, so the whole grid must be resident.
+                // A split tail's head waits for its tail's CTA, so the whole grid must be resident.
                 let resident =
                     kernel.max_active_blocks_per_sm(THREADS, plan.smem_bytes() as u32)?;
                 if (resident as usize) < plan.ctas_per_sm {
@@ -580,6 +602,7 @@ impl GemmCore {
             grid,
             partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
+            tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
         })
     }
 
@@ -596,7 +619,8 @@ impl GemmCore {
     }
 
     /// [`Self::run`], and a timeline of every CTA into `trace` (`[grid][4]`: start, end of each
-    /// consumer warpgroup, in ns of the GPU's global timer, and the k128 blocks it loaded): where a
+    /// consumer warpgroup, in ns of the GPU's global timer, and the k128 blocks it loaded in the
+    /// low 32 bits with its SM above): where a
     /// launch loses time, at its start or in the spread of its CTAs' ends (the benchmark's `--trace`).
     pub fn run_traced(
         &mut self,
@@ -658,6 +682,12 @@ impl GemmCore {
         let (out_addr, _g6) = out.device_ptr_mut(stream);
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
+        let (tickets, _g10) = if self.plan.schedules_dynamically() {
+            let (ptr, guard) = self.tickets.device_ptr_mut(stream);
+            (ptr, Some(guard))
+        } else {
+            (0, None)
+        };
         let (trace, _g9) = match trace {
             Some(t) => {
                 let (ptr, guard) = t.device_ptr_mut(stream);
@@ -678,8 +708,9 @@ impl GemmCore {
             sf_stride: pool.sf_stride as i32,
             partials,
             partial_ready,
-            stream_k: i32::from(self.plan.splits_tail()),
+            split_tail: i32::from(self.plan.splits_tail()),
             narrow_tiles: i32::from(self.plan.narrows_tiles()),
+            tickets,
             trace,
         };
         let mut config =
@@ -863,16 +894,38 @@ mod tests {
     }
 
     #[test]
-    fn stream_k_and_narrow_tiles_serve_the_two_cta_tiles() {
+    fn split_tail_and_narrow_tiles_serve_the_two_cta_tiles() {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
         assert!(plan(Mma::Bf16, 16).narrows_tiles());
         assert!(!plan(Mma::Fp8, 32).with_narrow_tiles(false).narrows_tiles());
         assert!(!plan(Mma::Fp8, 128).narrows_tiles(), "one CTA per SM");
-        assert!(plan(Mma::Fp8, 16).splits_tail());
+        assert!(!plan(Mma::Fp8, 16).splits_tail(), "measured slower");
+        assert!(plan(Mma::Fp8, 16).with_split_tail(true).splits_tail());
         assert!(plan(Mma::Bf16, 32).splits_tail());
-        assert!(!plan(Mma::Fp8, 32).with_stream_k(false).splits_tail());
+        assert!(!plan(Mma::Fp8, 32).with_split_tail(false).splits_tail());
         assert!(!plan(Mma::Fp8, 128).splits_tail(), "one CTA per SM");
-        assert!(!plan(Mma::Fp8, 16).with_ctas_per_sm(1).splits_tail());
+        assert!(!plan(Mma::Fp8, 32).with_ctas_per_sm(1).splits_tail());
+        assert!(
+            !plan(Mma::Fp8, 32).with_dynamic(false).splits_tail(),
+            "only drawn items split"
+        );
+    }
+
+    #[test]
+    fn the_dynamic_schedule_is_the_default_without_clusters() {
+        let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
+        assert!(plan(Mma::Fp8, 32).schedules_dynamically());
+        assert!(plan(Mma::Fp8, 128).schedules_dynamically());
+        assert!(
+            !plan(Mma::Fp8, 32)
+                .with_dynamic(false)
+                .schedules_dynamically()
+        );
+        assert!(
+            !plan(Mma::Bf16, 256).schedules_dynamically(),
+            "a cluster draws together"
+        );
+        assert!(plan(Mma::Bf16, 256).with_cluster(1).schedules_dynamically());
     }
 
     #[test]

@@ -44,10 +44,15 @@ struct Case<'a> {
     /// Give expert 0's row 0 one k128 block whose sub-scales span 13 binades, so that (FP8) an
     /// offset falls below -5 and the decode tables come from shared memory.
     deep_block: bool,
-    /// Stream-K on or off (`None`: the plan's default).
-    stream_k: Option<bool>,
+    /// The split tail on or off (`None`: the plan's default).
+    split_tail: Option<bool>,
     /// Narrow tiles on or off (`None`: the plan's default).
     narrow_tiles: Option<bool>,
+    /// The dynamic schedule on or off (`None`: the plan's default).
+    dynamic: Option<bool>,
+    /// Launches, the output poisoned before each; the last one is checked (a schedule's state
+    /// must be ready for the next launch).
+    launches: usize,
 }
 
 impl<'a> Case<'a> {
@@ -71,8 +76,10 @@ impl<'a> Case<'a> {
             check_stride: None,
             wide_rows: false,
             deep_block: false,
-            stream_k: None,
+            split_tail: None,
             narrow_tiles: None,
+            dynamic: None,
+            launches: 1,
         }
     }
 }
@@ -90,8 +97,10 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         check_stride,
         wide_rows,
         deep_block,
-        stream_k,
+        split_tail,
         narrow_tiles,
+        dynamic,
+        launches,
     } = case;
     let experts = expert_rows.len();
     let mut weights = ExpertWeights::random(experts, n, k, seed);
@@ -126,11 +135,14 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         )
     });
     let mut plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
-    if let Some(stream_k) = stream_k {
-        plan = plan.with_stream_k(stream_k);
+    if let Some(split_tail) = split_tail {
+        plan = plan.with_split_tail(split_tail);
     }
     if let Some(narrow_tiles) = narrow_tiles {
         plan = plan.with_narrow_tiles(narrow_tiles);
+    }
+    if let Some(dynamic) = dynamic {
+        plan = plan.with_dynamic(dynamic);
     }
     let mut core = GemmCore::new(gpu, jit, plan).unwrap();
 
@@ -151,9 +163,11 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         expert_rows_dev: &rows_dev,
     };
     let mut out = gpu.alloc_zeros::<u16>(pool.rows * n).unwrap();
-    gpu.memset(&mut out, 0xFF).unwrap();
-    core.run(gpu, &device_weights, &device_pool, &mut out)
-        .unwrap();
+    for _ in 0..launches {
+        gpu.memset(&mut out, 0xFF).unwrap();
+        core.run(gpu, &device_weights, &device_pool, &mut out)
+            .unwrap();
+    }
     let out = gpu.download(&out).unwrap();
 
     let mut owned = vec![false; pool.rows];
@@ -206,7 +220,11 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     };
     eprintln!(
         "{recipe}/{mma:<4} bn {bn:>3} {base}{}{} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
-        if plan.splits_tail() { ", stream-K" } else { "" },
+        if plan.splits_tail() {
+            ", split tail"
+        } else {
+            ""
+        },
         if plan.narrows_tiles() {
             ", narrow tiles"
         } else {
@@ -326,38 +344,73 @@ fn many_tiles_per_cta_match_the_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn stream_k_splits_match_the_reference() {
-    // Enough items that the two-CTA tiles split their last rounds over K: all of them (fewer than
-    // two rounds), or the last one or two after whole rounds; K of 3 and 5 blocks, so runs end at
-    // every offset into a tile. Each case also runs without stream-K.
+fn split_tails_match_the_reference() {
+    // The two-CTA tiles' last items drawn in two halves of K: fewer items than CTAs (all split),
+    // about one round, and many rounds; K of 3 and 5 blocks (halves of 1 + 2 and 2 + 3). Two
+    // launches each (tickets and hand-over flags must be back at 0), also without the split and
+    // with the static schedule.
     let (gpu, jit) = setup();
     let grid = 2 * gpu.info().sm_count as usize;
+    let few: Vec<usize> = vec![5, 0, 17, 1, 9];
     let one_round: Vec<usize> = (0..40).map(|e| 1 + e % 13).collect();
     let rounds: Vec<usize> = (0..40).map(|e| (e * 37) % 71).collect();
     for (recipe, mma) in ROUTES {
         for bn in [16, 32] {
-            for (rows, n, k) in [(&one_round, 1024, 384), (&rounds, 2048, 640)] {
+            for (rows, n, k) in [
+                (&few, 512, 384),
+                (&one_round, 1024, 384),
+                (&rounds, 2048, 640),
+            ] {
                 let items: usize = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / 128);
-                assert!(
-                    items >= grid,
-                    "{items} items for a grid of {grid}: no split"
-                );
-                for stream_k in [true, false] {
+                for (split, dynamic) in [(true, true), (false, true), (false, false)] {
                     let (diff, _) = run(
                         &gpu,
                         &jit,
                         Case {
                             tokens_per_tile: Some(bn),
                             check_stride: Some(5),
-                            stream_k: Some(stream_k),
+                            split_tail: Some(split),
+                            dynamic: Some(dynamic),
+                            launches: 2,
                             ..Case::new(recipe, mma, rows, n, k, 11 + bn as u64)
                         },
                     );
                     assert!(
                         diff <= 1e-5,
-                        "{recipe}/{mma} bn {bn} {n}x{k} {items} items, stream-K {stream_k}: calc_diff {diff:e}"
+                        "{recipe}/{mma} bn {bn} {n}x{k} {items} items (grid {grid}), split {split}, drawn {dynamic}: calc_diff {diff:e}"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dynamic_schedule_matches_the_reference() {
+    // Tiles drawn from a counter: one-CTA and two-CTA tiles, fewer items than CTAs and many
+    // rounds; three launches each, the last checked (the counter must be back at 0).
+    let (gpu, jit) = setup();
+    let few: Vec<usize> = vec![3, 0, 17, 1];
+    let many: Vec<usize> = (0..40).map(|e| (e * 37) % 71).collect();
+    for (recipe, mma) in ROUTES {
+        for bn in [16, 32, 128] {
+            for (rows, n, k) in [(&few, 256, 256), (&many, 2048, 640)] {
+                let (diff, _) = run(
+                    &gpu,
+                    &jit,
+                    Case {
+                        tokens_per_tile: Some(bn),
+                        check_stride: Some(5),
+                        dynamic: Some(true),
+                        launches: 3,
+                        ..Case::new(recipe, mma, rows, n, k, 23 + bn as u64)
+                    },
+                );
+                assert!(
+                    diff <= 1e-5,
+                    "{recipe}/{mma} bn {bn} {n}x{k}, dynamic: calc_diff {diff:e}"
+                );
             }
         }
     }
