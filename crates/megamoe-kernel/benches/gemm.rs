@@ -14,7 +14,7 @@
 //! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded,
 //! and every CTA's line (`cta <launch> <cta> <sm> <start> <end> <blocks>`, µs) for a closer look.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-tail on,off] [--narrow-tiles on,off] [--dynamic on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072] [--trace]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-parts 1,2,4] [--narrow-tiles on,off] [--dynamic on,off] [--register-tables on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072] [--trace]`
 
 use std::time::{Duration, Instant};
 
@@ -68,15 +68,18 @@ struct Args {
     /// Milliseconds of running the variants before sampling them.
     #[arg(long, default_value_t = 300)]
     warm_up_ms: u64,
-    /// The split tail (two-CTA tiles' last items drawn in two halves of K), a list to compare.
-    #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
-    split_tail: Vec<bool>,
+    /// Split tail: parts of K the two-CTA tiles' last items are drawn in (1: none), a list.
+    #[arg(long, value_delimiter = ',')]
+    split_parts: Vec<usize>,
     /// Narrow tiles (two-CTA tiles on fewer tokens when their rows fit), a list to compare.
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
     narrow_tiles: Vec<bool>,
     /// The dynamic tile schedule (CTAs draw tiles from a counter), a list to compare.
     #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
     dynamic: Vec<bool>,
+    /// FP8 decode tables in registers (where the weights allow) or in shared memory, a list.
+    #[arg(long, value_delimiter = ',', value_parser = parse_on_off)]
+    register_tables: Vec<bool>,
     /// After timing, one launch of each variant with a timeline of its CTAs (starts, ends, blocks).
     #[arg(long)]
     trace: bool,
@@ -171,7 +174,7 @@ fn hbm_rate(gpu: &Gpu) -> f64 {
 /// `bn/ctas/cluster[/sk][/n]`.
 fn variant_name(plan: &TilePlan) -> String {
     format!(
-        "{}/{}/{}{}{}{}",
+        "{}/{}/{}{}{}{}{}",
         plan.tokens_per_tile,
         plan.ctas_per_sm,
         plan.cluster,
@@ -180,8 +183,17 @@ fn variant_name(plan: &TilePlan) -> String {
         } else {
             ""
         },
-        if plan.splits_tail() { "/sk" } else { "" },
-        if plan.narrows_tiles() { "/n" } else { "" }
+        if plan.splits_tail() {
+            format!("/sk{}", plan.split_parts)
+        } else {
+            String::new()
+        },
+        if plan.narrows_tiles() { "/n" } else { "" },
+        if plan.tables_in_registers() {
+            "/rt"
+        } else {
+            ""
+        }
     )
 }
 
@@ -244,9 +256,10 @@ fn main() {
         ctas,
         cluster,
         k_split,
-        split_tail,
+        split_parts,
         narrow_tiles,
         dynamic,
+        register_tables,
         warm_up_ms,
         hidden,
         inter,
@@ -254,11 +267,12 @@ fn main() {
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
-    let (clusters, split_tails, narrows, dynamics) = (
+    let (clusters, split_tails, narrows, dynamics, tables) = (
         choices(&cluster),
-        choices(&split_tail),
+        choices(&split_parts),
         choices(&narrow_tiles),
         choices(&dynamic),
+        choices(&register_tables),
     );
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
@@ -341,9 +355,14 @@ fn main() {
                     dynamics
                         .iter()
                         .map(move |&dynamic| (bn, cl, sk, narrow, dynamic))
+                })
+                .flat_map(|(bn, cl, sk, narrow, dynamic)| {
+                    tables
+                        .iter()
+                        .map(move |&table| (bn, cl, sk, narrow, dynamic, table))
                 });
             let mut cores: Vec<GemmCore> = variants
-                .map(|(bn, cluster, sk, narrow, dynamic)| {
+                .map(|(bn, cluster, sk, narrow, dynamic, table)| {
                     let mut plan = TilePlan {
                         probe,
                         ..TilePlan::new(mma, bn).unwrap()
@@ -355,13 +374,16 @@ fn main() {
                         plan = plan.with_cluster(cluster);
                     }
                     if let Some(sk) = sk {
-                        plan = plan.with_split_tail(sk);
+                        plan = plan.with_split_parts(sk);
                     }
                     if let Some(narrow) = narrow {
                         plan = plan.with_narrow_tiles(narrow);
                     }
                     if let Some(dynamic) = dynamic {
                         plan = plan.with_dynamic(dynamic);
+                    }
+                    if let Some(table) = table {
+                        plan = plan.with_register_tables(table);
                     }
                     // One core serves both layers: their weights fold alike here.
                     assert_eq!(

@@ -21,13 +21,13 @@
 // (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace);
-// otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_tail`, drawn
-// tiles only): the last items of a launch, one per CTA at most, are drawn as two halves of their
-// k128 blocks, all tails first and then all heads, so a launch ends on half tiles. A tail hands its
-// FP32 sums to its item's slot (`partials`, flag `partial_ready`); the head waits for them, adds
-// them (head + tail: a fixed order, results do not depend on timing) and stores the tile. A head
-// waits only for a tail drawn before it, whose CTA waits for nothing, and every CTA of the grid is
-// resident at once (the grid is the occupancy), so the wait ends. Narrow tiles: see kNarrowTiles in
+// otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn
+// tiles only): the last items of a launch, one per CTA at most, are drawn in parts of their k128
+// blocks, every item's last part first and its head (part 0) last, so a launch ends on small pieces.
+// A later part hands its FP32 sums to a slot (`partials`, flag `partial_ready`); the head waits
+// for them, adds them (head + part 1 + part 2 ...: a fixed order, results do not depend on timing)
+// and stores the tile. A head waits only for parts drawn before it, whose CTAs wait for nothing, and
+// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends. Narrow tiles: see kNarrowTiles in
 // moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
@@ -64,6 +64,7 @@ constexpr int kTileRows = 128;      // weight rows per tile
 constexpr int kBlockK = 128;        // K per pipeline stage
 constexpr int kCodeBytes = 8192;    // FP4 codes of one (tile, k128 block)
 constexpr int kMetaBytes = 512;     // one u32 per weight row
+constexpr int kMaxSplitParts = 4;   // parts of K a split-tail item is drawn in, at most
 
 struct GemmParams {
   const u8* w_codes;         // [E][n_tiles][k_blocks] x kCodeBytes
@@ -76,13 +77,13 @@ struct GemmParams {
   int n_out;                 // weight rows (2I for L1, H for L2); multiple of 128
   int k;                     // multiple of 128
   int sf_stride;             // FP8: pool rows padded; >= max(offset + align(rows, BN))
-  // Split tail (two-CTA tiles, drawn): per split item (slot) the FP32 sums of its tail, per consumer
-  // warp in fragment order [grid][8][BN / 8][32] float4, and a flag per (slot, warp), 0 between
-  // launches (the reader clears it).
+  // Split tail (two-CTA tiles, drawn): per slot (kMaxSplitParts - 1 per split item) the FP32 sums
+  // of a later part, per consumer warp in fragment order [grid][3][8][BN / 8][32] float4, and a flag
+  // per (slot, warp), 0 between launches (the reader clears it).
   float* partials;
   u32* partial_ready;
-  int split_tail;
-  int narrow_tiles;  // two-CTA tiles run a main loop on as few tokens (8, 16, 24) as their rows allow
+  int split_parts;  // split tail: parts of K per split item (1: no split)
+  int pad_;
   // Dynamic schedule (one-CTA clusters; null: the static one): [0] the next item of the launch,
   // drawn by each CTA's producer when it needs one; [1] CTAs done drawing. Both 0 between launches:
   // the last CTA to finish drawing resets them.
@@ -206,18 +207,19 @@ struct TileWalker {
       // pace (of two on one SM one runs ahead, perf.md v28), so fixed shares leave the launch
       // waiting for the slowest.
       int item = (int)atomicAdd(p.tickets, 1u);
-      if (kSplitTail && p.split_tail && k_blocks > 1) {
-        // Split tail: tickets past the whole items are the split items' tails, then their heads.
+      const int parts = min(p.split_parts, k_blocks);
+      if (kSplitTail && parts > 1) {
+        // Split tail: tickets past the whole items are the split items' last parts, then the
+        // parts before them, the heads (part 0) last. Part q > 0 of split item s hands over in
+        // slot s (kMaxSplitParts - 1) + q - 1; a head gets its item's first slot.
         const int total = *launch_items, split = min(total, (int)gridDim.x), whole = total - split;
         const int j = item - whole;
-        if (j >= 0 && j < 2 * split) {
-          u.slot = j < split ? j : j - split;
-          item = whole + u.slot;
-          if (j < split) {
-            u.kb_begin = k_blocks / 2;
-          } else {
-            u.kb_end = k_blocks / 2;
-          }
+        if (j >= 0 && j < parts * split) {
+          const int round = j / split, s = j - round * split, part = parts - 1 - round;
+          item = whole + s;
+          u.kb_begin = part * k_blocks / parts;
+          u.kb_end = (part + 1) * k_blocks / parts;
+          u.slot = s * (kMaxSplitParts - 1) + max(part - 1, 0);
         } else if (j >= 0) {
           item = total;  // past the end
         }
@@ -464,7 +466,7 @@ struct Consumer {
   // This warp among the 8 consumer warps, from the thread index (a member would cost a register
   // the main loop needs).
   __device__ __forceinline__ static int consumer_warp() { return (int)threadIdx.x / 32 - 4; }
-  // Split tail: this warp's FP32 sums of a tile's tail, for its head, in `slot`. Fragment order,
+  // Split tail: this warp's FP32 sums of a later part of a tile, for its head, in `slot`. Fragment order,
   // one float4 per 32 lanes at a time: whole 512-B lines.
   __device__ __forceinline__ void store_partial(float* partials, u32* ready, int slot) const {
     const int w = consumer_warp();
@@ -477,9 +479,9 @@ struct Consumer {
     __syncwarp();
     st_release_gpu(ready + slot * 8 + w, 1);
   }
-  // Split tail: waits until the tail of the tile whose head this warp is about to compute has been
-  // handed over in `slot`. The tail was drawn a round of tickets earlier, so the wait is normally
-  // over at once; it ends because the tail's CTA waits for nothing and every CTA of the grid is
+  // Split tail: waits until a later part of the tile whose head this warp is about to compute has
+  // been handed over in `slot`. The part was drawn a round of tickets earlier or more, so the wait is
+  // normally over at once; it ends because the part's CTA waits for nothing and every CTA of the grid is
   // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. (No timeout
   // and trap: the trap's path made ptxas spill the main loop, as did a wait loop after it, where
   // the accumulators are live.)
@@ -489,7 +491,7 @@ struct Consumer {
     }
     if (lane == 0) *flag = 0;  // ready for the next launch
   }
-  // Split tail: acc (a tile head) += the tail's sums in `slot` (head + tail: a fixed order).
+  // Split tail: acc (a tile head) += a later part's sums in `slot` (parts added in order).
   __device__ __forceinline__ void add_partial(const float* partials, int slot) {
     const int w = consumer_warp();
     const float4* src = (const float4*)partials + (size_t)(slot * 8 + w) * (BN / 8) * 32 + lane;
@@ -648,17 +650,20 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster, bool kNarrowTiles,
+          bool kSplitTail>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
   using L = Layout<BN, kFp8, kCtas>;
-  // The split tail serves the small tiles (two CTAs per SM), a few of which make a CTA's work; the
-  // large tiles' launches make dozens of rounds, and their consumers have no registers for it.
-  constexpr bool kSplitTail = kCtas == 2 && kCluster == 1;
-  // Narrow tiles (`narrow_tiles`): a two-CTA (small-T) tile whose rows fit in fewer tokens runs a
-  // main loop built for them (8 of 16; 16 of 32, and on the FP8 route 24 of 32 — a BF16 n24
-  // wgmma made ptxas serialize every wgmma of the kernel, C7512): less wgmma and promotion work
-  // where most experts hold a few tokens.
-  constexpr bool kNarrowTiles = kCtas == 2;
+  // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
+  // CTA's work; the large tiles' launches make dozens of rounds, and their consumers have no
+  // registers for it. Narrow tiles (`kNarrowTiles`): a two-CTA (small-T) tile whose rows fit in
+  // fewer tokens runs a main loop built for them (8 of 16; 16 of 32, and on the FP8 route 24 of 32
+  // — a BF16 n24 wgmma made ptxas serialize every wgmma of the kernel, C7512): less wgmma and
+  // promotion work where most experts hold a few tokens. Either one's code costs registers, so
+  // each is compiled in only where the plan asks for it (ptxas serializes the FP8 two-CTA wgmmas,
+  // C7511, when they do not fit).
+  static_assert(!kSplitTail || (kCtas == 2 && kCluster == 1), "the split tail is for two-CTA tiles without clusters");
+  static_assert(!kNarrowTiles || kCtas == 2, "narrow tiles are two-CTA tiles");
   extern __shared__ __align__(1024) u8 smem_raw[];
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.
@@ -702,7 +707,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     setmaxnreg_dec<L::kProducerRegs>();
     int* launch_items = (int*)(smem + L::kItemsAt);
     if (threadIdx.x < 32) {
-      const int items = kSplitTail && p.split_tail ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
+      const int items = kSplitTail && p.split_parts > 1 ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
       if (threadIdx.x == 0) *launch_items = items;
     }
     if (threadIdx.x == 0) {
@@ -800,11 +805,13 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       // A ghost tile (past n_out: the odd last tile of a cluster's group) runs the math on
       // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
       // path would cost the main loop its uniform descriptor arithmetic.
-      if (kSplitTail && (int)(range >> 16) < p.k / kBlockK)  // a tile head
-        c.wait_partial(p.partial_ready, __shfl_sync(0xffffffffu, unit->slot, 0));
-      if (kNarrowTiles && p.narrow_tiles && rows <= BN / 2) {
+      if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
+        const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
+        for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
+      }
+      if (kNarrowTiles && rows <= BN / 2) {
         c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
-      } else if (kNarrowTiles && kFp8 && BN == 32 && p.narrow_tiles && rows <= 24) {
+      } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
         c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
       } else {
         c.template mainloop<BN>(blocks);
@@ -814,11 +821,14 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
       if (kCluster > 1 && d.n_col >= p.n_out) continue;
       if constexpr (kSplitTail) {
-        if ((d.kb_range & 0xffff) > 0) {  // the tail of a split tile: its head adds it
+        if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it
           c.store_partial(p.partials, p.partial_ready, d.slot);
           continue;
         }
-        if ((int)(d.kb_range >> 16) < p.k / kBlockK) c.add_partial(p.partials, d.slot);  // a head: + the tail's sums
+        if ((int)(d.kb_range >> 16) < p.k / kBlockK) {  // a head: + the later parts' sums, in order
+          const int parts = min(p.split_parts, p.k / kBlockK);
+          for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
+        }
       }
       // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
       const int rows_left = d.rows;

@@ -176,10 +176,11 @@ pub struct TilePlan {
     /// rings move in lockstep, which eats the saving), so FP8 stays at one.
     pub cluster: usize,
     /// Split tail (with the dynamic schedule; the kernel's header says how): the last items of a
-    /// launch, one per CTA at most, are drawn as two halves of their K, so the launch ends on half
-    /// tiles. For the two-CTA tiles, which serve small T, where a tile is a large part of a CTA's
-    /// work (V4-Pro at T = 128: about 9 tiles per CTA in L1); on by default for 32-token tiles.
-    pub split_tail: bool,
+    /// launch, one per CTA at most, are drawn in this many parts of their K (1: not split, at
+    /// most [`MAX_SPLIT_PARTS`]), so the launch ends on small pieces. For the two-CTA tiles, which
+    /// serve small T, where a tile is a large part of a CTA's work (V4-Pro at T = 128: about 9
+    /// tiles per CTA in L1).
+    pub split_parts: usize,
     /// Dynamic schedule (the default): each CTA draws its next tile from a counter when it needs
     /// one, instead of taking every grid-th tile, so CTAs that run faster take more. They do not
     /// run at one pace: of two CTAs on one SM one runs ahead, and with equal shares it ends 15 %
@@ -189,8 +190,14 @@ pub struct TilePlan {
     /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
     /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the
     /// experts of a few tokens that small T is made of (FP8 T = 128 −9 %, perf.md v22). No
-    /// effect on one-CTA tiles.
+    /// effect on one-CTA tiles. Off for the FP8 16-token tile: its kN = 8 main loop made ptxas
+    /// serialize all of the kernel's wgmmas (C7511, perf.md v30).
     pub narrow_tiles: bool,
+    /// FP8: decode tables computed in registers from the meta nibbles when the weights allow it
+    /// (`Fold::in_registers`); off, they come from a table in shared memory, which serves any
+    /// weights. Off for the two-CTA tiles: with register tables ptxas serialized their wgmmas
+    /// (C7511: not enough registers for the wgmma pipeline at 96 per consumer thread, perf.md v30).
+    pub register_tables: bool,
     /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
     /// (the output is not written).
     pub probe: bool,
@@ -225,11 +232,12 @@ impl TilePlan {
             fold: Fold::default(),
             k_split: DEFAULT_K_SPLIT,
             cluster: 1,
-            // Measured (perf.md v29): the split gains ≈ 0.7 % with 32-token tiles (T = 128) and
-            // costs 2 % with 16-token ones (T = 8), whose CTAs draw few tiles' worth of blocks.
-            split_tail: tokens_per_tile >= 32,
+            // Measured (perf.md v29): halves gain ≈ 0.7 % with 32-token tiles (T = 128) and cost
+            // 2 % with 16-token ones (T = 8), whose CTAs draw few tiles' worth of blocks.
+            split_parts: if tokens_per_tile >= 32 { 2 } else { 1 },
             dynamic: true,
-            narrow_tiles: true,
+            narrow_tiles: !(mma == Mma::Fp8 && tokens_per_tile == 16),
+            register_tables: !TWO_CTAS.contains(&(mma, tokens_per_tile)),
             probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
@@ -267,8 +275,15 @@ impl TilePlan {
     }
 
     /// The same tile with the split tail on or off (it applies to drawn two-CTA tiles only).
-    pub fn with_split_tail(self, split_tail: bool) -> Self {
-        Self { split_tail, ..self }
+    pub fn with_split_parts(self, split_parts: usize) -> Self {
+        assert!(
+            (1..=MAX_SPLIT_PARTS).contains(&split_parts),
+            "{split_parts} split parts"
+        );
+        Self {
+            split_parts,
+            ..self
+        }
     }
 
     /// The same tile with narrow tiles on or off (see `narrow_tiles`).
@@ -289,9 +304,23 @@ impl TilePlan {
         self.dynamic && self.cluster == 1
     }
 
-    /// Whether launches draw their last items in two halves of K (`kSplitTail` in the kernel).
+    /// Whether launches draw their last items in parts of K (`kSplitTail` in the kernel).
     pub fn splits_tail(&self) -> bool {
-        self.split_tail && self.ctas_per_sm == 2 && self.schedules_dynamically()
+        self.split_parts > 1 && self.ctas_per_sm == 2 && self.schedules_dynamically()
+    }
+
+    /// The same tile with FP8 decode tables in registers (where the weights allow) or in shared
+    /// memory (see `register_tables`).
+    pub fn with_register_tables(self, register_tables: bool) -> Self {
+        Self {
+            register_tables,
+            ..self
+        }
+    }
+
+    /// Whether the kernel computes its FP8 decode tables in registers (`kRegs`).
+    pub fn tables_in_registers(&self) -> bool {
+        self.register_tables && self.fold.in_registers
     }
 
     /// Whether launches run narrow main loops for tiles whose rows fit (`kNarrowTiles`).
@@ -333,7 +362,7 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}{}{}",
                 self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
@@ -343,11 +372,13 @@ impl TilePlan {
                     String::new()
                 },
                 if self.fold.row_base { "/rowbase" } else { "" },
-                if self.fold.in_registers {
+                if self.tables_in_registers() {
                     "/regfold"
                 } else {
                     ""
                 },
+                if self.narrows_tiles() { "/narrow" } else { "" },
+                if self.splits_tail() { "/split" } else { "" },
                 if self.mma == Mma::Fp8 {
                     format!("/k{}", 128 / self.k_split)
                 } else {
@@ -364,7 +395,9 @@ impl TilePlan {
         .define("MM_SMEM_BYTES", self.smem_bytes())
         .define("MM_CTAS", self.ctas_per_sm)
         .define("MM_ROW_BASE", u8::from(self.fold.row_base))
-        .define("MM_FOLD_REGS", u8::from(self.fold.in_registers))
+        .define("MM_FOLD_REGS", u8::from(self.tables_in_registers()))
+        .define("MM_NARROW", u8::from(self.narrows_tiles()))
+        .define("MM_SPLIT", u8::from(self.splits_tail()))
         .define(
             "MM_KSPLIT",
             if self.mma == Mma::Fp8 {
@@ -428,6 +461,9 @@ pub fn kernels() -> Vec<KernelSpec> {
         .collect()
 }
 
+/// Parts of K a split-tail item is drawn in, at most (`kMaxSplitParts`).
+pub const MAX_SPLIT_PARTS: usize = 4;
+
 /// Words per CTA of [`GemmCore::run_traced`]'s timeline.
 pub const TRACE_WORDS: usize = 4;
 
@@ -447,8 +483,8 @@ struct GemmParams {
     sf_stride: i32,
     partials: u64,
     partial_ready: u64,
-    split_tail: i32,
-    narrow_tiles: i32,
+    split_parts: i32,
+    pad_: i32,
     tickets: u64,
     trace: u64,
 }
@@ -547,8 +583,9 @@ pub struct GemmCore {
     kernel: Kernel,
     /// Persistent CTAs: as many as fit at once (whole clusters).
     grid: u32,
-    /// Split tail: per split item (at most one per CTA) the hand-over of its tail's FP32 sums (a
-    /// 128 × BN tile) and a flag per consumer warp, zero between launches; empty without it.
+    /// Split tail: per split item (at most one per CTA) the hand-over of each later part's FP32
+    /// sums (a 128 × BN tile, up to `MAX_SPLIT_PARTS - 1` of them) and a flag per consumer warp,
+    /// zero between launches; empty without it.
     partials: CudaSlice<f32>,
     partial_ready: CudaSlice<u32>,
     /// Dynamic schedule: the next item and the CTAs done drawing, zero between launches; empty
@@ -592,7 +629,10 @@ impl GemmCore {
         };
         tracing::debug!(spec = %plan.spec().name, grid, "GEMM grid");
         let (hand_overs, tile_floats) = if plan.splits_tail() {
-            (grid as usize, TILE_ROWS * plan.tokens_per_tile)
+            (
+                grid as usize * (MAX_SPLIT_PARTS - 1),
+                TILE_ROWS * plan.tokens_per_tile,
+            )
         } else {
             (0, 0)
         };
@@ -708,8 +748,12 @@ impl GemmCore {
             sf_stride: pool.sf_stride as i32,
             partials,
             partial_ready,
-            split_tail: i32::from(self.plan.splits_tail()),
-            narrow_tiles: i32::from(self.plan.narrows_tiles()),
+            split_parts: if self.plan.splits_tail() {
+                self.plan.split_parts as i32
+            } else {
+                1
+            },
+            pad_: 0,
             tickets,
             trace,
         };
@@ -871,8 +915,9 @@ mod tests {
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            4 * 4 + 5 + 1,
-            "four folds per FP8 tile, one per BF16 tile, the FP8 cluster variant"
+            2 * 2 + 2 * 4 + 5 + 1,
+            "two folds per two-CTA FP8 tile (tables in shared memory), four per one-CTA FP8 tile, \
+             one per BF16 tile, the FP8 cluster variant"
         );
     }
 
@@ -900,9 +945,9 @@ mod tests {
         assert!(!plan(Mma::Fp8, 32).with_narrow_tiles(false).narrows_tiles());
         assert!(!plan(Mma::Fp8, 128).narrows_tiles(), "one CTA per SM");
         assert!(!plan(Mma::Fp8, 16).splits_tail(), "measured slower");
-        assert!(plan(Mma::Fp8, 16).with_split_tail(true).splits_tail());
+        assert!(plan(Mma::Fp8, 16).with_split_parts(4).splits_tail());
         assert!(plan(Mma::Bf16, 32).splits_tail());
-        assert!(!plan(Mma::Fp8, 32).with_split_tail(false).splits_tail());
+        assert!(!plan(Mma::Fp8, 32).with_split_parts(1).splits_tail());
         assert!(!plan(Mma::Fp8, 128).splits_tail(), "one CTA per SM");
         assert!(!plan(Mma::Fp8, 32).with_ctas_per_sm(1).splits_tail());
         assert!(

@@ -45,7 +45,7 @@ struct Case<'a> {
     /// offset falls below -5 and the decode tables come from shared memory.
     deep_block: bool,
     /// The split tail on or off (`None`: the plan's default).
-    split_tail: Option<bool>,
+    split_parts: Option<usize>,
     /// Narrow tiles on or off (`None`: the plan's default).
     narrow_tiles: Option<bool>,
     /// The dynamic schedule on or off (`None`: the plan's default).
@@ -76,7 +76,7 @@ impl<'a> Case<'a> {
             check_stride: None,
             wide_rows: false,
             deep_block: false,
-            split_tail: None,
+            split_parts: None,
             narrow_tiles: None,
             dynamic: None,
             launches: 1,
@@ -97,7 +97,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         check_stride,
         wide_rows,
         deep_block,
-        split_tail,
+        split_parts,
         narrow_tiles,
         dynamic,
         launches,
@@ -135,8 +135,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         )
     });
     let mut plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
-    if let Some(split_tail) = split_tail {
-        plan = plan.with_split_tail(split_tail);
+    if let Some(split_parts) = split_parts {
+        plan = plan.with_split_parts(split_parts);
     }
     if let Some(narrow_tiles) = narrow_tiles {
         plan = plan.with_narrow_tiles(narrow_tiles);
@@ -345,10 +345,10 @@ fn many_tiles_per_cta_match_the_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn split_tails_match_the_reference() {
-    // The two-CTA tiles' last items drawn in two halves of K: fewer items than CTAs (all split),
-    // about one round, and many rounds; K of 3 and 5 blocks (halves of 1 + 2 and 2 + 3). Two
-    // launches each (tickets and hand-over flags must be back at 0), also without the split and
-    // with the static schedule.
+    // The two-CTA tiles' last items drawn in parts of K: fewer items than CTAs (all split), about
+    // one round, and many rounds; K of 3 and 5 blocks (parts of 1–3 blocks, with 4 parts of 3
+    // blocks only 3). Two launches each (tickets and hand-over flags must be back at 0), also
+    // unsplit and with the static schedule.
     let (gpu, jit) = setup();
     let grid = 2 * gpu.info().sm_count as usize;
     let few: Vec<usize> = vec![5, 0, 17, 1, 9];
@@ -362,14 +362,14 @@ fn split_tails_match_the_reference() {
                 (&rounds, 2048, 640),
             ] {
                 let items: usize = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / 128);
-                for (split, dynamic) in [(true, true), (false, true), (false, false)] {
+                for (parts, dynamic) in [(2, true), (3, true), (4, true), (1, true), (1, false)] {
                     let (diff, _) = run(
                         &gpu,
                         &jit,
                         Case {
                             tokens_per_tile: Some(bn),
                             check_stride: Some(5),
-                            split_tail: Some(split),
+                            split_parts: Some(parts),
                             dynamic: Some(dynamic),
                             launches: 2,
                             ..Case::new(recipe, mma, rows, n, k, 11 + bn as u64)
@@ -377,7 +377,7 @@ fn split_tails_match_the_reference() {
                     );
                     assert!(
                         diff <= 1e-5,
-                        "{recipe}/{mma} bn {bn} {n}x{k} {items} items (grid {grid}), split {split}, drawn {dynamic}: calc_diff {diff:e}"
+                        "{recipe}/{mma} bn {bn} {n}x{k} {items} items (grid {grid}), {parts} parts, drawn {dynamic}: calc_diff {diff:e}"
                     );
                 }
             }
