@@ -100,6 +100,8 @@ struct Layout {
   static constexpr int kActBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
   static constexpr int kSfBytes = kFp8 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
+  // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
+  static constexpr bool kQuadScales = kFp8 && kCtas == 1;
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: 1 KiB per consumer warp to turn its outputs into whole rows (the
@@ -290,6 +292,14 @@ __device__ __forceinline__ void decode_bf16_word(u32 w, u32 mult, u32& pa, u32& 
 }
 
 __device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(b << 23); }  // b >= 1
+
+// Where the converter warp puts token j's scale: in each group of 16 tokens, thread-in-quad t's
+// four (tokens 2t, 2t + 1, 8 + 2t, 9 + 2t: its columns of two 8-column blocks) side by side, so a
+// consumer reads them with one LDS.128 (chunk_scales).
+__device__ __forceinline__ int scale_slot(int j) {
+  const int w = j % 16;
+  return j - w + (w % 8) / 2 * 4 + w / 8 * 2 + w % 2;
+}
 
 // ---------------------------------------------------------------- consumer main loop
 // One consumer warpgroup: 64 weight rows x BN tokens. Software-pipelined so that the decode of
@@ -520,16 +530,31 @@ struct Consumer {
     wg_commit();
   }
 
-  // FP8: the token scales of chunk h of parity P's stage (two per 8 columns). With one CTA per SM
-  // they are loaded before the wgmma wait that precedes their promotion, so the shared-memory
-  // latency hides behind it; two CTAs have no registers to spare for that.
-  static constexpr bool kPrefetchScales = kCtas == 1;
+  // FP8: the token scales of chunk h of parity P's stage (two per 8 columns). One CTA per SM: in
+  // the converter's order (scale_slot), one LDS.128 per 16 columns, and (one base per row) loaded
+  // before the wgmma wait that precedes their promotion, so the shared-memory latency hides behind
+  // it. Two CTAs per SM have no registers to spare for either (with them ptxas serialized the
+  // wgmmas, C7511): one LDS.64 per 8 columns after the wait.
+  static constexpr bool kQuadScales = Layout<BN, kFp8, kCtas>::kQuadScales;
+  static constexpr bool kPrefetchScales = kCtas == 1 && kRowBase;
   static constexpr int kScalePairs = kNsub / 8;  // FP8: two token scales per 8 columns of a chunk
   template <int kN, int P, int h>
   __device__ __forceinline__ void chunk_scales(float2* sc) const {
-    const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub;
+    constexpr int kPairs = Active<kN>::width(h) / 8;
+    if constexpr (kQuadScales) {
+      const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub + 4 * t;  // chunks start on 16 columns
 #pragma unroll
-    for (int q = 0; q < Active<kN>::width(h) / 8; ++q) sc[q] = *(const float2*)(sf + 8 * q + 2 * t);
+      for (int g = 0; g < kPairs / 2; ++g) {
+        const float4 v = *(const float4*)(sf + 16 * g);
+        sc[2 * g] = make_float2(v.x, v.y);
+        sc[2 * g + 1] = make_float2(v.z, v.w);
+      }
+      if constexpr (kPairs % 2 == 1) sc[kPairs - 1] = *(const float2*)(sf + 16 * (kPairs / 2));
+    } else {
+      const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub + 2 * t;
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) sc[q] = *(const float2*)(sf + 8 * q);
+    }
   }
 
   // FP8: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
@@ -773,7 +798,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
           u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
           mbar_wait(&full[stage], phase);
-          for (int i = lane; i < BN; i += 32) ((float*)(dst + L::kSfBytes))[i] = ue8m0_to_float(dst[i]);
+          for (int i = lane; i < BN; i += 32)
+            ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
           mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
           if (++stage == L::kStages) { stage = 0; phase ^= 1; }
         }
