@@ -27,8 +27,8 @@
 // A later part hands its FP32 sums to a slot (`partials`, flag `partial_ready`); the head waits
 // for them, adds them (head + part 1 + part 2 ...: a fixed order, results do not depend on timing)
 // and stores the tile. A head waits only for parts drawn before it, whose CTAs wait for nothing, and
-// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends. Narrow tiles: see kNarrowTiles in
-// moe_gemm.
+// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends.
+// Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
 // whole 32-byte sectors; otherwise the fragments are stored directly.
@@ -89,7 +89,8 @@ struct GemmParams {
   // the last CTA to finish drawing resets them.
   u32* tickets;
   // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
-  // 1, end of warpgroup 2, k128 blocks loaded | SM << 32], times in ns of %globaltimer.
+  // 1, end of warpgroup 2, k128 blocks its consumers ran (0 in the load probe) | SM << 32], times
+  // in ns of %globaltimer.
   unsigned long long* trace;
 };
 
@@ -139,7 +140,7 @@ struct Layout {
 };
 
 // A piece of work: k128 blocks [kb_begin, kb_end) of one tile (expert, weight tile, token block);
-// a half of a split item hands over through partials slot `slot`.
+// a part of a split item hands over through partials slot `slot`.
 struct WorkUnit {
   int expert, n_tile, m_block, kb_begin, kb_end, slot;
 };
@@ -153,7 +154,7 @@ struct UnitDesc {
   int rows;       // rows of the tile that exist (the expert's rows from row0, at most BN)
   int n_col;      // first output column (weight row) of the tile; >= n_out: a cluster's ghost
   u32 kb_range;   // kb_begin | kb_end << 16
-  int slot;       // a split item's partials slot (its tail: kb_begin > 0; its head: kb_end < K / 128)
+  int slot;       // split item: a later part's slot (kb_begin > 0), or a head's first (kb_begin 0, kb_end < K / 128)
   int pad_[3];    // 32 B: two 16-B loads
 };
 
@@ -162,7 +163,7 @@ struct UnitDesc {
 // kGroup CTAs takes one item at a time, each CTA the weight tile of its rank in the cluster (the
 // last group of an odd tile count has a ghost tile, past n_out). Items go in launch order (CTAs
 // working at once share weight and activation tiles through L2): drawn from `tickets`, or strided
-// over the grid; drawn with a split tail, the last items (one per CTA at most) as two halves.
+// over the grid; drawn with a split tail, the last items (one per CTA at most) in parts of K.
 template <int kGroup, int BN, bool kSplitTail>
 struct TileWalker {
   // The kernel's parameters, by reference: reads come from the constant bank, not through a

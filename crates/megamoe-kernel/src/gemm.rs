@@ -659,8 +659,8 @@ impl GemmCore {
     }
 
     /// [`Self::run`], and a timeline of every CTA into `trace` (`[grid][4]`: start, end of each
-    /// consumer warpgroup, in ns of the GPU's global timer, and the k128 blocks it loaded in the
-    /// low 32 bits with its SM above): where a
+    /// consumer warpgroup, in ns of the GPU's global timer, and the k128 blocks its consumers ran
+    /// in the low 32 bits with its SM above): where a
     /// launch loses time, at its start or in the spread of its CTAs' ends (the benchmark's `--trace`).
     pub fn run_traced(
         &mut self,
