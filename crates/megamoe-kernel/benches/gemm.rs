@@ -88,14 +88,20 @@ struct Args {
     bench: bool,
 }
 
-/// Rows per expert of a uniform random top-k routing (distinct experts per token).
-/// The variants a list option asks for: each listed value, or the plan's default (`None`).
-fn choices<T: Copy>(list: &[T]) -> Vec<Option<T>> {
-    if list.is_empty() {
-        vec![None]
-    } else {
-        list.iter().copied().map(Some).collect()
+/// The variants a list option asks for: every plan once with each listed value (`set`), or the
+/// plans as they are when the list is empty (the plan's default).
+fn vary<T: Copy>(
+    plans: Vec<TilePlan>,
+    values: &[T],
+    set: fn(TilePlan, T) -> TilePlan,
+) -> Vec<TilePlan> {
+    if values.is_empty() {
+        return plans;
     }
+    plans
+        .into_iter()
+        .flat_map(|plan| values.iter().map(move |&v| set(plan, v)))
+        .collect()
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -106,6 +112,7 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
+/// Rows per expert of a uniform random top-k routing (distinct experts per token).
 fn route(tokens: usize, seed: u64) -> Vec<usize> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut rows = vec![0; EXPERTS];
@@ -267,13 +274,6 @@ fn main() {
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
-    let (clusters, split_tails, narrows, dynamics, tables) = (
-        choices(&cluster),
-        choices(&split_parts),
-        choices(&narrow_tiles),
-        choices(&dynamic),
-        choices(&register_tables),
-    );
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
         Err(e) => {
@@ -345,57 +345,33 @@ fn main() {
                     (pool, sf_stride, act, act_sf, offsets, counts, out)
                 })
                 .collect();
-            let variants = bns
+            // One core serves both layers: their weights fold alike here.
+            assert_eq!(
+                layers[0].weights.fold, layers[1].weights.fold,
+                "L1 and L2 fold alike"
+            );
+            let mut plans: Vec<TilePlan> = bns
                 .into_iter()
                 .filter(|bn| token_tiles(mma).contains(bn))
-                .flat_map(|bn| clusters.iter().map(move |&cl| (bn, cl)))
-                .flat_map(|(bn, cl)| split_tails.iter().map(move |&sk| (bn, cl, sk)))
-                .flat_map(|(bn, cl, sk)| narrows.iter().map(move |&narrow| (bn, cl, sk, narrow)))
-                .flat_map(|(bn, cl, sk, narrow)| {
-                    dynamics
-                        .iter()
-                        .map(move |&dynamic| (bn, cl, sk, narrow, dynamic))
-                })
-                .flat_map(|(bn, cl, sk, narrow, dynamic)| {
-                    tables
-                        .iter()
-                        .map(move |&table| (bn, cl, sk, narrow, dynamic, table))
-                });
-            let mut cores: Vec<GemmCore> = variants
-                .map(|(bn, cluster, sk, narrow, dynamic, table)| {
-                    let mut plan = TilePlan {
+                .map(|bn| {
+                    let plan = TilePlan {
                         probe,
                         ..TilePlan::new(mma, bn).unwrap()
                     };
-                    if let Some(ctas) = ctas {
-                        plan = plan.with_ctas_per_sm(ctas);
-                    }
-                    if let Some(cluster) = cluster {
-                        plan = plan.with_cluster(cluster);
-                    }
-                    if let Some(sk) = sk {
-                        plan = plan.with_split_parts(sk);
-                    }
-                    if let Some(narrow) = narrow {
-                        plan = plan.with_narrow_tiles(narrow);
-                    }
-                    if let Some(dynamic) = dynamic {
-                        plan = plan.with_dynamic(dynamic);
-                    }
-                    if let Some(table) = table {
-                        plan = plan.with_register_tables(table);
-                    }
-                    // One core serves both layers: their weights fold alike here.
-                    assert_eq!(
-                        layers[0].weights.fold, layers[1].weights.fold,
-                        "L1 and L2 fold alike"
-                    );
-                    plan = plan.with_fold(layers[0].weights.fold);
-                    if let Some(k_split) = k_split {
-                        plan = plan.with_k_split(k_split);
-                    }
-                    GemmCore::new(&gpu, &jit, plan).unwrap()
+                    // First: the CTAs per SM choose the cluster.
+                    let plan = ctas.map_or(plan, |ctas| plan.with_ctas_per_sm(ctas));
+                    let plan = plan.with_fold(layers[0].weights.fold);
+                    k_split.map_or(plan, |k_split| plan.with_k_split(k_split))
                 })
+                .collect();
+            plans = vary(plans, &cluster, TilePlan::with_cluster);
+            plans = vary(plans, &split_parts, TilePlan::with_split_parts);
+            plans = vary(plans, &narrow_tiles, TilePlan::with_narrow_tiles);
+            plans = vary(plans, &dynamic, TilePlan::with_dynamic);
+            plans = vary(plans, &register_tables, TilePlan::with_register_tables);
+            let mut cores: Vec<GemmCore> = plans
+                .into_iter()
+                .map(|plan| GemmCore::new(&gpu, &jit, plan).unwrap())
                 .collect();
             // times[layer][variant], every variant of a layer sampled in turn.
             let mut times = Vec::new();

@@ -829,9 +829,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         for (int kb = 0; kb < blocks; ++kb) c.skip_stage();
         continue;
       }
-      // A ghost tile (past n_out: the odd last tile of a cluster's group) runs the math on
-      // whatever its stages hold (its weights are not loaded) and writes nothing: a separate
-      // path would cost the main loop its uniform descriptor arithmetic.
       if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
         const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
         for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
@@ -846,6 +843,9 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       const UnitDesc d = *unit;  // read again: no registers held across the main loop
       // (Counted here: a count in the producer's 48 registers made it spill.)
       if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
+      // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
+      // whatever its stages held (its weights are not loaded) and writes nothing: a separate
+      // path would cost the main loop its uniform descriptor arithmetic.
       if (kCluster > 1 && d.n_col >= p.n_out) continue;
       if constexpr (kSplitTail) {
         if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it

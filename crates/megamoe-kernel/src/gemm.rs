@@ -722,13 +722,13 @@ impl GemmCore {
         let (out_addr, _g6) = out.device_ptr_mut(stream);
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
-        let (tickets, _g10) = if self.plan.schedules_dynamically() {
+        let (tickets, _g9) = if self.plan.schedules_dynamically() {
             let (ptr, guard) = self.tickets.device_ptr_mut(stream);
             (ptr, Some(guard))
         } else {
             (0, None)
         };
-        let (trace, _g9) = match trace {
+        let (trace, _g10) = match trace {
             Some(t) => {
                 let (ptr, guard) = t.device_ptr_mut(stream);
                 (ptr, Some(guard))

@@ -25,7 +25,6 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-
 use std::time::Duration;
 
 use barriers::BarrierError;

@@ -9,7 +9,7 @@
 //!   weights and inputs.
 //!
 //! Each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
-//! combine buffer) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
+//! combine buffer, the barrier's signals) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
 //! base, as mapped in its process, to the pipeline; no address is exchanged. The ranks exchange
 //! expert counts per forward with `all_gather` and meet once on the host (their pools are ready
 //! for the dispatch); then every stage is queued at once, and after each stage that writes into a
@@ -188,7 +188,7 @@ pub struct CudaRank<'w> {
     jit: Jit,
     /// Declared before `symm`: dropped first, since it addresses it.
     pipe: Pipeline,
-    /// The pipeline's L1 pool, scales, row metadata and combine buffer
+    /// The pipeline's L1 pool, scales, row metadata, combine buffer and barrier signals
     /// ([`PipelineShape::peer_layout`]), every rank's mapped in this process.
     symm: SymmAllocation,
     config: Config,
