@@ -247,6 +247,21 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     (diff, differ)
 }
 
+/// Runs `case` and holds it to calc_diff ≤ 1e-5; `what` names it in the failure.
+fn assert_matches(gpu: &Gpu, jit: &Jit, case: Case, what: &str) {
+    let (recipe, mma, bn) = (case.recipe, case.mma, case.tokens_per_tile);
+    let (diff, _) = run(gpu, jit, case);
+    assert!(
+        diff <= 1e-5,
+        "{recipe}/{mma} bn {bn:?} {what}: calc_diff {diff:e}"
+    );
+}
+
+/// 40 experts of 0..70 rows in no order: many tiles and rounds of them, empty experts between.
+fn scattered_rows() -> Vec<usize> {
+    (0..40).map(|e| (e * 37) % 71).collect()
+}
+
 fn setup() -> (Gpu, Jit) {
     (
         Gpu::open(0).expect("this test needs a CUDA GPU"),
@@ -365,7 +380,7 @@ fn split_tails_match_the_reference() {
     let grid = 2 * gpu.info().sm_count as usize;
     let few: Vec<usize> = vec![5, 0, 17, 1, 9];
     let one_round: Vec<usize> = (0..40).map(|e| 1 + e % 13).collect();
-    let rounds: Vec<usize> = (0..40).map(|e| (e * 37) % 71).collect();
+    let rounds = scattered_rows();
     for (recipe, mma) in ROUTES {
         for bn in [16, 32] {
             for (rows, n, k) in [
@@ -375,7 +390,7 @@ fn split_tails_match_the_reference() {
             ] {
                 let items: usize = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / 128);
                 for (parts, dynamic) in [(2, true), (3, true), (4, true), (1, true), (1, false)] {
-                    let (diff, _) = run(
+                    assert_matches(
                         &gpu,
                         &jit,
                         Case {
@@ -386,10 +401,9 @@ fn split_tails_match_the_reference() {
                             launches: 2,
                             ..Case::new(recipe, mma, rows, n, k, 11 + bn as u64)
                         },
-                    );
-                    assert!(
-                        diff <= 1e-5,
-                        "{recipe}/{mma} bn {bn} {n}x{k} {items} items (grid {grid}), {parts} parts, drawn {dynamic}: calc_diff {diff:e}"
+                        &format!(
+                            "{n}x{k} {items} items (grid {grid}), {parts} parts, drawn {dynamic}"
+                        ),
                     );
                 }
             }
@@ -405,11 +419,11 @@ fn dynamic_schedule_matches_the_reference() {
     // rounds; three launches each, the last checked (the counter must be back at 0).
     let (gpu, jit) = setup();
     let few: Vec<usize> = vec![3, 0, 17, 1];
-    let many: Vec<usize> = (0..40).map(|e| (e * 37) % 71).collect();
+    let many = scattered_rows();
     for (recipe, mma) in ROUTES {
         for bn in [64, 128] {
             for (rows, n, k) in [(&few, 256, 256), (&many, 2048, 640)] {
-                let (diff, _) = run(
+                assert_matches(
                     &gpu,
                     &jit,
                     Case {
@@ -420,10 +434,7 @@ fn dynamic_schedule_matches_the_reference() {
                         launches: 3,
                         ..Case::new(recipe, mma, rows, n, k, 23 + bn as u64)
                     },
-                );
-                assert!(
-                    diff <= 1e-5,
-                    "{recipe}/{mma} bn {bn} {n}x{k}, dynamic: calc_diff {diff:e}"
+                    &format!("{n}x{k}, drawn"),
                 );
             }
         }
