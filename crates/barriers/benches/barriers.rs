@@ -5,7 +5,9 @@
 //! - peer copy, 1 MiB to 1 GiB, GPU 1's buffer to GPU 0 and back: SM-driven (16-byte loads and
 //!   stores through the symmetric pointers; pull = GPU 0 reads the peer, push = GPU 0 writes it)
 //!   next to the copy engine (`cuMemcpyPeerAsync`), and GPU 0's local copy for scale. Median of 9
-//!   timed copies after 2 warm-ups; GB/s = bytes copied / time (10^9).
+//!   timed copies after 2 warm-ups; GB/s = bytes copied / time (10^9);
+//! - both ways at once: each GPU pushes into the other at the same time (as a pipeline's dispatch
+//!   and combine do), GB/s per direction, 64 MiB to 1 GiB.
 //!
 //! `cargo bench -p barriers --bench barriers`, or `.gpu-bundle/bench/barriers.barriers`. Takes no
 //! arguments and ignores any (cargo passes `--bench`, scripts/gpu-run.sh the GEMM benchmark's).
@@ -194,6 +196,44 @@ fn peer_copy(world: &World) {
             );
         }
         gpu.synchronize().unwrap();
+    }
+    world.barrier().unwrap();
+    both_ways(world, &alloc, MAX);
+}
+
+/// Each rank pushes `bytes` from its buffer into the peer's at once; each times its own copies
+/// (they start together after a barrier and run for milliseconds, so they overlap).
+fn both_ways(world: &World, alloc: &SymmAllocation, max: u64) {
+    let gpu = world.local_gpu();
+    let kernels = TestKernels::load(gpu).unwrap();
+    let blocks = gpu.info().sm_count * COPY_BLOCKS_PER_SM;
+    let rank = world.rank();
+    let (local, peer) = (alloc.bases()[rank], alloc.bases()[1 - rank]);
+    if rank == 0 {
+        println!("
+SM push both ways at once, GB/s per direction (GPU 0 -> 1, GPU 1 -> 0)");
+    }
+    for mib in COPY_SIZES_MIB.into_iter().filter(|&m| m >= 64) {
+        let bytes = mib << 20;
+        world.barrier().unwrap();
+        // SAFETY: each rank writes only the destination half of the peer's 2 GiB buffer, which
+        // nothing else uses now; sources are its own first half.
+        let t = time(gpu, || unsafe {
+            kernels
+                .copy16(gpu, local, peer + max, bytes, blocks)
+                .unwrap()
+        });
+        gpu.synchronize().unwrap();
+        let rate = bytes as f64 / t.as_secs_f64() / 1e9;
+        let rates: Vec<f64> = world
+            .all_gather(&rate.to_le_bytes())
+            .unwrap()
+            .iter()
+            .map(|b| f64::from_le_bytes(b[..8].try_into().unwrap()))
+            .collect();
+        if rank == 0 {
+            println!("{:>5} MiB {:>10.1} {:>10.1}", mib, rates[0], rates[1]);
+        }
     }
     world.barrier().unwrap();
 }
