@@ -210,8 +210,10 @@ fn both_ways(world: &World, alloc: &SymmAllocation, max: u64) {
     let rank = world.rank();
     let (local, peer) = (alloc.bases()[rank], alloc.bases()[1 - rank]);
     if rank == 0 {
-        println!("
-SM push both ways at once, GB/s per direction (GPU 0 -> 1, GPU 1 -> 0)");
+        println!(
+            "
+SM push both ways at once, GB/s per direction (GPU 0 -> 1, GPU 1 -> 0)"
+        );
     }
     for mib in COPY_SIZES_MIB.into_iter().filter(|&m| m >= 64) {
         let bytes = mib << 20;
