@@ -7,6 +7,11 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
   mm::unfused::dispatch(p);
 }
 
+extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
+    uf_sf_transpose(const __grid_constant__ mm::unfused::SfTransposeParams p) {
+  mm::unfused::sf_transpose(p);
+}
+
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads) uf_silu_table(float* table) {
   mm::unfused::silu_table(table);
 }

@@ -5,6 +5,8 @@
 //   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
 //                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
 //                      records the row's source (RowMeta);
+//   uf_sf_transpose    FP8 pool: the scales of the rows peers sent ([rows][sf_row_bytes]: one contiguous
+//                      store per row over NVLink) into the GEMM's [H/128][sf_stride] table;
 //   uf_silu_table      silu of every BF16 value, once per pipeline;
 //   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
 //                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
@@ -56,9 +58,18 @@ struct DispatchParams {
   const int* topk_idx;     // [T*k] global expert, -1 = masked
   const float* topk_w;     // [T*k]
   const u64* pool_act;     // [R] owner L1 pool activations
-  const u64* pool_sf;      // [R] owner L1 pool scales (FP8 pool)
+  const u64* pool_sf;      // [R] owner L1 pool scales [H/128][sf_stride] (FP8 pool)
+  const u64* pool_sf_rows; // [R] owner L1 pool scales of rows from peers, staged: [pool_rows][sf_row_bytes]
   const u64* pool_meta;    // [R] owner RowMeta tables
-  int tokens, top_k, hidden, experts_per_rank, sf_stride, rank;
+  int tokens, top_k, hidden, experts_per_rank, sf_row_bytes, sf_stride, rank;
+  int staged_scales;       // FP8 pool: rows for peers send their scales to pool_sf_rows
+};
+
+struct SfTransposeParams {
+  const u8* sf_rows;       // [rows][sf_row_bytes]
+  u8* sf;                  // [k_blocks][sf_stride]
+  const RowMeta* meta;     // [rows]: rows from other ranks move, the rest stay
+  int rows, k_blocks, sf_row_bytes, sf_stride, rank, pad_;
 };
 
 struct SwigluParams {
@@ -143,8 +154,15 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
     for (int b = 0; b < 4; ++b) w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
     *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
-  for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
+  // Staged, into a peer: the row's H/128 scale bytes side by side (a few whole NVLink stores instead
+  // of one per k128 block; uf_sf_transpose moves them into the owner's table). Else straight there.
+  if (!p.staged_scales || owner == p.rank) {
+    u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
+    for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
+  } else {
+    u8* sf = reinterpret_cast<u8*>(p.pool_sf_rows[owner]) + (size_t)row * p.sf_row_bytes;
+    for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[kb] = src_sf[kb];
+  }
 #else
   // ... widened to BF16 with each word's own scale (G is 32 or 128): two 16-byte stores.
   u16* dst = reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h;
@@ -170,6 +188,22 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
     m.slot = j;
     m.weight = p.topk_w[pair];
     reinterpret_cast<RowMeta*>(p.pool_meta[owner])[row] = m;
+  }
+}
+
+// One thread per row: its scales (16-byte loads) to [kb][row]; a warp stores 32 consecutive bytes per kb.
+__device__ __forceinline__ void sf_transpose(const SfTransposeParams& p) {
+  const int row = blockIdx.x * kThreads + threadIdx.x;
+  if (row >= p.rows) return;
+  const RowMeta m = p.meta[row];
+  if (m.token < 0 || m.rank == p.rank) return;  // padding, or written in place by this rank's dispatch
+  const uint4* src = reinterpret_cast<const uint4*>(p.sf_rows + (size_t)row * p.sf_row_bytes);
+  for (int k0 = 0; k0 < p.k_blocks; k0 += 16) {
+    const uint4 v = src[k0 / 16];
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (k0 + i < p.k_blocks) p.sf[(size_t)(k0 + i) * p.sf_stride + row] = (u8)(w[i / 4] >> (8 * (i % 4)));
   }
 }
 
@@ -293,7 +327,8 @@ __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
 }
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
-static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
+static_assert(sizeof(DispatchParams) == 104, "DispatchParams layout");
+static_assert(sizeof(SfTransposeParams) == 48, "SfTransposeParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
 static_assert(sizeof(CombineReduceParams) == 64, "CombineReduceParams layout");

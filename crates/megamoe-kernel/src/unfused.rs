@@ -6,7 +6,8 @@
 //! word, [`Pipeline::check_barriers`]), so a forward is one stream of launches the host only
 //! enqueues.
 //!
-//! The buffers peers write into — the L1 pool's activations and scales, its row metadata, the
+//! The buffers peers write into — the L1 pool's activations and scales (the scales a row at a time,
+//! which [`Pipeline::l1`] first turns into the GEMM's per-k-block table), its row metadata, the
 //! combine buffer and the barrier's signals — are the regions of one symmetric buffer per rank ([`PeerLayout`], from
 //! [`PipelineShape::peer_layout`]), which the caller allocates on every rank (e.g.
 //! `symm_mem::World::alloc_symmetric`: plain device memory with peer access for ranks that are
@@ -182,9 +183,21 @@ impl PipelineShape {
         }
     }
 
-    /// The regions of one rank's symmetric buffer that peers write into, in this order, each
-    /// aligned to [`PEER_REGION_ALIGN`]: the L1 pool (`[pool_rows][H]` E4M3 or BF16), its scales
-    /// ([`Self::sf_bytes`] of H), its [`RowMeta`] `[pool_rows]`, the combine buffer
+    /// FP8 pool: bytes per row of the scales as peers send them, `H/128` UE8M0 padded to 16 (one
+    /// contiguous store per row; a byte per k128 block straight into the `[H/128][sf_stride]`
+    /// table was 56 single-byte NVLink stores a row, ≈ 25 % of the dispatch on 2×H200, perf.md
+    /// v33). A rank's own rows go straight into the table. BF16 pools have no scales.
+    pub fn sf_row_bytes(&self) -> usize {
+        match self.mma {
+            Mma::Fp8 => (self.hidden / BLOCK_K).next_multiple_of(16),
+            Mma::Bf16 => 0,
+        }
+    }
+
+    /// The regions of one rank's symmetric buffer, in this order, each aligned to
+    /// [`PEER_REGION_ALIGN`]: the L1 pool (`[pool_rows][H]` E4M3 or BF16), its scales
+    /// ([`Self::sf_bytes`] of H, the GEMM's layout), the scales as peers send them
+    /// (`[pool_rows][sf_row_bytes]`, rows from peers), its [`RowMeta`] `[pool_rows]`, the combine buffer
     /// `[top_k][max_tokens][H]` BF16, and the cross-rank barrier's signals `[num_ranks]` u64.
     pub fn peer_layout(&self) -> PeerLayout {
         let mut end = 0usize;
@@ -195,12 +208,14 @@ impl PipelineShape {
         };
         let l1_act = region(self.pool_rows * self.hidden * self.act_elem());
         let l1_sf = region(self.sf_bytes(self.hidden));
+        let l1_sf_rows = region(self.pool_rows * self.sf_row_bytes());
         let meta = region(self.pool_rows * size_of::<RowMeta>());
         let combine = region(self.top_k * self.max_tokens * self.hidden * size_of::<u16>());
         let signals = region(self.num_ranks * size_of::<u64>());
         PeerLayout {
             l1_act,
             l1_sf,
+            l1_sf_rows,
             meta,
             combine,
             signals,
@@ -301,6 +316,8 @@ pub struct PoolPlan {
     pub rows: usize,
     /// `[source rank][local expert]`: first row of that source's pairs of that expert.
     pub source_base: Vec<Vec<i32>>,
+    /// Rows whose pairs come from other ranks (their FP8 scales arrive a row at a time).
+    pub peer_rows: usize,
 }
 
 impl PoolPlan {
@@ -316,12 +333,16 @@ impl PoolPlan {
         let mut expert_rows = Vec::with_capacity(experts_per_rank);
         let mut source_base = vec![Vec::with_capacity(experts_per_rank); counts.len()];
         let mut next = 0usize;
+        let mut peer_rows = 0usize;
         for el in 0..experts_per_rank {
             let e = owner * experts_per_rank + el;
             let mut rows = 0usize;
             for (src, c) in counts.iter().enumerate() {
                 source_base[src].push((next + rows) as i32);
                 rows += c[e] as usize;
+                if src != owner {
+                    peer_rows += c[e] as usize;
+                }
             }
             expert_offset.push(next as i32);
             expert_rows.push(rows as i32);
@@ -340,6 +361,7 @@ impl PoolPlan {
             expert_rows,
             rows: next,
             source_base,
+            peer_rows,
         })
     }
 
@@ -405,13 +427,31 @@ struct DispatchParams {
     topk_w: u64,
     pool_act: u64,
     pool_sf: u64,
+    pool_sf_rows: u64,
     pool_meta: u64,
     tokens: i32,
     top_k: i32,
     hidden: i32,
     experts_per_rank: i32,
+    sf_row_bytes: i32,
     sf_stride: i32,
     rank: i32,
+    staged_scales: i32,
+}
+
+/// `mm::unfused::SfTransposeParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct SfTransposeParams {
+    sf_rows: u64,
+    sf: u64,
+    meta: u64,
+    rows: i32,
+    k_blocks: i32,
+    sf_row_bytes: i32,
+    sf_stride: i32,
+    rank: i32,
+    pad: i32,
 }
 
 /// `mm::unfused::SwigluParams`.
@@ -474,7 +514,8 @@ struct RankBarrierParams {
 const _: () = {
     assert!(size_of::<RankBarrierParams>() == 32);
     assert!(size_of::<RowMeta>() == 16);
-    assert!(size_of::<DispatchParams>() == 88);
+    assert!(size_of::<DispatchParams>() == 104);
+    assert!(size_of::<SfTransposeParams>() == 48);
     assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
     assert!(size_of::<CombineReduceParams>() == 64);
@@ -511,6 +552,7 @@ pub struct GlueKernels {
     pub recipe: Recipe,
     silu_table: Kernel,
     dispatch: Kernel,
+    sf_transpose: Kernel,
     swiglu: Kernel,
     combine_send: Kernel,
     combine_reduce: Kernel,
@@ -526,6 +568,7 @@ impl GlueKernels {
             recipe,
             silu_table: module.kernel("uf_silu_table")?,
             dispatch: module.kernel("uf_dispatch")?,
+            sf_transpose: module.kernel("uf_sf_transpose")?,
             swiglu: module.kernel("uf_swiglu")?,
             combine_send: module.kernel("uf_combine_send")?,
             combine_reduce: module.kernel("uf_combine_reduce")?,
@@ -553,6 +596,9 @@ impl PeerRegion {
 pub struct PeerLayout {
     pub l1_act: PeerRegion,
     pub l1_sf: PeerRegion,
+    /// FP8 pool: the scales of the rows from peers as their dispatch writes them;
+    /// `Pipeline::l1` moves them into `l1_sf`.
+    pub l1_sf_rows: PeerRegion,
     pub meta: PeerRegion,
     pub combine: PeerRegion,
     /// `[num_ranks]` u64: slot r holds the epoch of the last barrier rank r entered (`barriers`'
@@ -564,10 +610,11 @@ pub struct PeerLayout {
 
 impl PeerLayout {
     /// The regions in buffer order.
-    pub fn regions(&self) -> [(&'static str, PeerRegion); 5] {
+    pub fn regions(&self) -> [(&'static str, PeerRegion); 6] {
         [
             ("l1_act", self.l1_act),
             ("l1_sf", self.l1_sf),
+            ("l1_sf_rows", self.l1_sf_rows),
             ("meta", self.meta),
             ("combine", self.combine),
             ("signals", self.signals),
@@ -580,13 +627,15 @@ impl PeerLayout {
         PeerAddresses {
             l1_act: at(self.l1_act),
             l1_sf: at(self.l1_sf),
+            l1_sf_rows: at(self.l1_sf_rows),
             meta: at(self.meta),
             combine: at(self.combine),
             signals: at(self.signals),
         }
     }
 
-    /// The glue kernels' peer table `[4][R]` (`l1_act`, `l1_sf`, `meta`, `combine` of every rank)
+    /// The glue kernels' peer table `[5][R]` (`l1_act`, `l1_sf`, `l1_sf_rows`, `meta`, `combine` of
+    /// every rank)
     /// from every rank's base (`bases[r]`, as mapped in this process); refused unless there is one
     /// base per rank, each aligned to [`PEER_REGION_ALIGN`].
     pub fn peer_table(&self, bases: &[u64], num_ranks: usize) -> Result<Vec<u64>, UnfusedError> {
@@ -613,6 +662,7 @@ impl PeerLayout {
         Ok([
             all.iter().map(|a| a.l1_act).collect::<Vec<_>>(),
             all.iter().map(|a| a.l1_sf).collect(),
+            all.iter().map(|a| a.l1_sf_rows).collect(),
             all.iter().map(|a| a.meta).collect(),
             all.iter().map(|a| a.combine).collect(),
         ]
@@ -625,6 +675,7 @@ impl PeerLayout {
 pub struct PeerAddresses {
     pub l1_act: u64,
     pub l1_sf: u64,
+    pub l1_sf_rows: u64,
     pub meta: u64,
     pub combine: u64,
     pub signals: u64,
@@ -642,6 +693,10 @@ struct Inputs {
 
 /// Resident glue CTAs per SM the split aims for (128 threads each: 16 fill an SM).
 const GLUE_CTAS_PER_SM: usize = 16;
+
+/// FP8 pools stage the scales of rows from peers (`PipelineShape::sf_row_bytes`) when the owners
+/// get at least this many such rows on average ([`Pipeline::set_plans`]).
+const STAGED_SCALES_MIN_PEER_ROWS: usize = 1024;
 
 /// A glue kernel's grid: a CTA per row (pair, pool row or token) along x, each row's `channels`
 /// split over y (`per_thread` channels per thread and pass) when there are too few rows to put
@@ -702,13 +757,15 @@ pub struct Pipeline {
     layout: PeerLayout,
     /// This rank's own symmetric buffer.
     base: u64,
-    /// `[4][R]`: l1_act, l1_sf, meta, combine of every rank ([`PeerLayout::peer_table`]).
+    /// `[5][R]`: l1_act, l1_sf, l1_sf_rows, meta, combine of every rank ([`PeerLayout::peer_table`]).
     peers: CudaSlice<u64>,
     /// This rank's `symm_mem::SymmBuffer` view of every rank's buffer, for the cross-rank barrier.
     barrier_view: CudaSlice<u8>,
     /// The barrier's error word: this rank's own, 0 while the ranks are in step.
     barrier_error: CudaSlice<u64>,
     barrier_timeout: Duration,
+    /// This forward's FP8 scales of rows from peers go through `l1_sf_rows` (set_plans).
+    staged_scales: bool,
     l1_out: CudaSlice<u16>,
     /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
     silu: CudaSlice<f32>,
@@ -793,6 +850,7 @@ impl Pipeline {
             barrier_view: gpu.upload(bytemuck::bytes_of(&view))?,
             barrier_error: gpu.alloc_zeros(1)?,
             barrier_timeout: barriers::DEFAULT_TIMEOUT,
+            staged_scales: false,
             l1_out: poisoned(gpu, rows * 2 * i)?,
             silu,
             l2_act: poisoned(gpu, rows * i * elem)?,
@@ -915,6 +973,12 @@ impl Pipeline {
         let inputs = self.inputs.as_ref().expect("set_inputs before set_plans");
         let route = routes(&inputs.topk_host, self.rank, &plans, el);
         self.route = Some(upload_nonempty(gpu, &route, -1)?);
+        // Staged scales pay once the single-byte NVLink stores they avoid (≈ 9 ns a row, perf.md
+        // v33) outweigh the extra launch (≈ 8 µs: +1.5 % at T = 128 on 2×H200, v34). Every rank
+        // decides alike: from every owner's plan.
+        let peer_rows: usize = plans.iter().map(|p| p.peer_rows).sum();
+        self.staged_scales =
+            s.mma == Mma::Fp8 && peer_rows >= STAGED_SCALES_MIN_PEER_ROWS * s.num_ranks;
         let own = plans[self.rank].clone();
         self.offsets_dev = Some((
             upload_nonempty(gpu, &own.expert_offset, 0)?,
@@ -1011,13 +1075,16 @@ impl Pipeline {
             topk_w,
             pool_act: peer_base,
             pool_sf: peer_base + 8 * r,
-            pool_meta: peer_base + 16 * r,
+            pool_sf_rows: peer_base + 16 * r,
+            pool_meta: peer_base + 24 * r,
             tokens: inputs.tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,
             experts_per_rank: s.experts_per_rank() as i32,
+            sf_row_bytes: s.sf_row_bytes() as i32,
             sf_stride: s.sf_stride() as i32,
             rank: self.rank as i32,
+            staged_scales: i32::from(self.staged_scales),
         };
         // SAFETY: routes are rows below every owner's plan.rows <= pool_rows (checked by
         // PoolPlan::new on every rank), the peer table holds every rank's live symmetric buffer
@@ -1119,9 +1186,46 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up).
+    /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up). An FP8
+    /// pool's scales, sent a row at a time, first go into the GEMM's `[H/128][sf_stride]` table.
     pub fn l1(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
+        self.transpose_scales(gpu)?;
         self.gemm(gpu, jit, false)
+    }
+
+    /// FP8 pool, scales staged: those of the rows from peers, `l1_sf_rows` (`[rows][sf_row_bytes]`,
+    /// as their dispatch wrote them), into `l1_sf`; none from peers: no launch.
+    fn transpose_scales(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let plan = self.plan.as_ref().expect("set_plans before l1");
+        if !self.staged_scales || plan.peer_rows == 0 {
+            return Ok(());
+        }
+        let rows = plan.rows;
+        let own = self.own();
+        let params = SfTransposeParams {
+            sf_rows: own.l1_sf_rows,
+            sf: own.l1_sf,
+            meta: own.meta,
+            rows: rows as i32,
+            k_blocks: (s.hidden / BLOCK_K) as i32,
+            sf_row_bytes: s.sf_row_bytes() as i32,
+            sf_stride: s.sf_stride() as i32,
+            rank: self.rank as i32,
+            pad: 0,
+        };
+        let grid = [rows.div_ceil(THREADS as usize) as u32, 1, 1];
+        // SAFETY: this rank's own regions (Pipeline::new's contract), sized for pool_rows >= rows
+        // rows; the dispatch that wrote l1_sf_rows is behind a barrier, and the L1 GEMM that reads
+        // l1_sf follows on the same stream.
+        unsafe {
+            self.glue
+                .sf_transpose
+                .launch(gpu.stream(), LaunchConfig::new(grid, [THREADS, 1, 1]))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
     }
 
     /// Stage 3: SwiGLU × top-k weight, re-quantized per G, into the L2 pool.
@@ -1183,7 +1287,7 @@ impl Pipeline {
         let params = CombineSendParams {
             l2_out,
             meta: self.own().meta,
-            combine: peer_base + 24 * s.num_ranks as u64,
+            combine: peer_base + 32 * s.num_ranks as u64,
             rows: rows as i32,
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
@@ -1299,11 +1403,13 @@ mod tests {
         assert_eq!(p0.expert_rows, vec![5, 17]);
         assert_eq!(p0.rows, 48);
         assert_eq!(p0.source_base, vec![vec![0, 16], vec![3, 33]]);
+        assert_eq!(p0.peer_rows, 2, "source 1's e0 pairs");
         let p1 = PoolPlan::new(&counts, 1, 2, 1024).unwrap();
         assert_eq!(p1.expert_offset, vec![0, 0]);
         assert_eq!(p1.expert_rows, vec![0, 17]);
         assert_eq!(p1.rows, 32);
         assert_eq!(p1.source_base, vec![vec![0, 0], vec![0, 1]]);
+        assert_eq!(p1.peer_rows, 1, "source 0's e3 pair");
         assert!((p1.avg_rows_of_hit_experts() - 17.0).abs() < 1e-12);
         assert_eq!(
             PoolPlan::new(&[vec![0, 0, 0, 0]], 0, 4, 0).unwrap().rows,
@@ -1458,6 +1564,10 @@ mod tests {
                     Mma::Fp8 => h / 128 * s.sf_stride(),
                     Mma::Bf16 => 0,
                 },
+                match s.mma {
+                    Mma::Fp8 => rows * (h / 128).next_multiple_of(16),
+                    Mma::Bf16 => 0,
+                },
                 rows * 16,
                 s.top_k * s.max_tokens * h * 2,
                 s.num_ranks * 8,
@@ -1490,13 +1600,13 @@ mod tests {
         let layout = s.peer_layout();
         let bases = [0x7f00_0000_0000u64, 0x10_0000, 0x7e00_0020_0000];
         let table = layout.peer_table(&bases, 3).unwrap();
-        assert_eq!(table.len(), 12);
+        assert_eq!(table.len(), 15);
         for (r, &base) in bases.iter().enumerate() {
             let a = layout.addresses(base);
             assert_eq!(a.l1_act, base, "the L1 pool starts the buffer");
             assert_eq!(
-                [table[r], table[3 + r], table[6 + r], table[9 + r]],
-                [a.l1_act, a.l1_sf, a.meta, a.combine]
+                [table[r], table[3 + r], table[6 + r], table[9 + r], table[12 + r]],
+                [a.l1_act, a.l1_sf, a.l1_sf_rows, a.meta, a.combine]
             );
             assert_eq!(a.combine, base + layout.combine.offset as u64);
         }
