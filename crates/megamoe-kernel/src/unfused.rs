@@ -698,6 +698,14 @@ const GLUE_CTAS_PER_SM: usize = 16;
 /// get at least this many such rows on average ([`Pipeline::set_plans`]).
 const STAGED_SCALES_MIN_PEER_ROWS: usize = 1024;
 
+/// Whether this forward's FP8 scales of rows from peers go through `l1_sf_rows`: they pay once the
+/// single-byte NVLink stores they avoid (≈ 9 ns a row, perf.md v33) outweigh the extra launch
+/// (≈ 8 µs: +1.5 % at T = 128 on 2×H200, v34). From every owner's plan, so every rank decides alike.
+fn stages_scales(mma: Mma, plans: &[PoolPlan]) -> bool {
+    let peer_rows: usize = plans.iter().map(|p| p.peer_rows).sum();
+    mma == Mma::Fp8 && peer_rows >= STAGED_SCALES_MIN_PEER_ROWS * plans.len()
+}
+
 /// A glue kernel's grid: a CTA per row (pair, pool row or token) along x, each row's `channels`
 /// split over y (`per_thread` channels per thread and pass) when there are too few rows to put
 /// [`GLUE_CTAS_PER_SM`] CTAs on every SM: small T is latency-bound, large T keeps one CTA a row.
@@ -973,12 +981,7 @@ impl Pipeline {
         let inputs = self.inputs.as_ref().expect("set_inputs before set_plans");
         let route = routes(&inputs.topk_host, self.rank, &plans, el);
         self.route = Some(upload_nonempty(gpu, &route, -1)?);
-        // Staged scales pay once the single-byte NVLink stores they avoid (≈ 9 ns a row, perf.md
-        // v33) outweigh the extra launch (≈ 8 µs: +1.5 % at T = 128 on 2×H200, v34). Every rank
-        // decides alike: from every owner's plan.
-        let peer_rows: usize = plans.iter().map(|p| p.peer_rows).sum();
-        self.staged_scales =
-            s.mma == Mma::Fp8 && peer_rows >= STAGED_SCALES_MIN_PEER_ROWS * s.num_ranks;
+        self.staged_scales = stages_scales(s.mma, &plans);
         let own = plans[self.rank].clone();
         self.offsets_dev = Some((
             upload_nonempty(gpu, &own.expert_offset, 0)?,
@@ -1395,6 +1398,28 @@ mod tests {
     }
 
     #[test]
+    fn scales_are_staged_with_many_rows_from_peers() {
+        // 2 ranks, 2 experts each; source r sends `n` pairs to each expert of the other rank.
+        let plans = |n: u32| {
+            let counts = vec![vec![5, 5, n, n], vec![n, n, 5, 5]];
+            (0..2)
+                .map(|owner| PoolPlan::new(&counts, owner, 2, 1 << 20).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let at = STAGED_SCALES_MIN_PEER_ROWS as u32 / 2; // two experts per owner
+        assert!(stages_scales(Mma::Fp8, &plans(at)));
+        assert!(!stages_scales(Mma::Fp8, &plans(at - 1)));
+        assert!(
+            !stages_scales(Mma::Bf16, &plans(at)),
+            "BF16 pools have no scales"
+        );
+        assert!(
+            !stages_scales(Mma::Fp8, &plans(0)[..1]),
+            "one rank: no peers"
+        );
+    }
+
+    #[test]
     fn pool_plan_pads_experts_to_16_and_orders_sources() {
         // 2 ranks, 4 experts (2 per rank). Source 0: e0 ×3, e1 ×17, e3 ×1; source 1: e0 ×2, e3 ×16.
         let counts = vec![vec![3, 17, 0, 1], vec![2, 0, 0, 16]];
@@ -1605,7 +1630,13 @@ mod tests {
             let a = layout.addresses(base);
             assert_eq!(a.l1_act, base, "the L1 pool starts the buffer");
             assert_eq!(
-                [table[r], table[3 + r], table[6 + r], table[9 + r], table[12 + r]],
+                [
+                    table[r],
+                    table[3 + r],
+                    table[6 + r],
+                    table[9 + r],
+                    table[12 + r]
+                ],
                 [a.l1_act, a.l1_sf, a.l1_sf_rows, a.meta, a.combine]
             );
             assert_eq!(a.combine, base + layout.combine.offset as u64);
