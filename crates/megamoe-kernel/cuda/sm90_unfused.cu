@@ -8,8 +8,8 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
-    uf_sf_transpose(const __grid_constant__ mm::unfused::SfTransposeParams p) {
-  mm::unfused::sf_transpose(p);
+    uf_unstage(const __grid_constant__ mm::unfused::UnstageParams p) {
+  mm::unfused::unstage(p);
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads) uf_silu_table(float* table) {

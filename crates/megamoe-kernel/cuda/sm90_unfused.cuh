@@ -5,8 +5,9 @@
 //   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
 //                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
 //                      records the row's source (RowMeta);
-//   uf_sf_transpose    FP8 pool: the scales of the rows peers sent ([rows][sf_row_bytes]: one contiguous
-//                      store per row over NVLink) into the GEMM's [H/128][sf_stride] table;
+//   uf_unstage         rows peers sent staged (large T, see DispatchParams::staged) into the pool: FP8,
+//                      their scales ([rows][staged_row_bytes]) into the GEMM's [H/128][sf_stride] table;
+//                      BF16, their E4M3 row and scales widened into the pool row;
 //   uf_silu_table      silu of every BF16 value, once per pipeline;
 //   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
 //                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
@@ -59,17 +60,22 @@ struct DispatchParams {
   const float* topk_w;     // [T*k]
   const u64* pool_act;     // [R] owner L1 pool activations
   const u64* pool_sf;      // [R] owner L1 pool scales [H/128][sf_stride] (FP8 pool)
-  const u64* pool_sf_rows; // [R] owner L1 pool scales of rows from peers, staged: [pool_rows][sf_row_bytes]
+  const u64* pool_staged;  // [R] owner rows from peers as sent, staged: [pool_rows][staged_row_bytes]
   const u64* pool_meta;    // [R] owner RowMeta tables
-  int tokens, top_k, hidden, experts_per_rank, sf_row_bytes, sf_stride, rank;
-  int staged_scales;       // FP8 pool: rows for peers send their scales to pool_sf_rows
+  int tokens, top_k, hidden, experts_per_rank, staged_row_bytes, sf_stride, rank;
+  // Rows for peers go to pool_staged as few whole NVLink stores, and the owner finishes them
+  // (uf_unstage): FP8 pool, the row's H/128 scale bytes side by side (instead of one store per
+  // k128 block into the table); BF16 pool, the E4M3 row and its H/G scales (half the bytes of the
+  // widened row).
+  int staged;
 };
 
-struct SfTransposeParams {
-  const u8* sf_rows;       // [rows][sf_row_bytes]
-  u8* sf;                  // [k_blocks][sf_stride]
+struct UnstageParams {
+  const u8* staged;        // [rows][staged_row_bytes]
+  u8* sf;                  // FP8 pool: [k_blocks][sf_stride]
+  u16* pool;               // BF16 pool: [rows][hidden]
   const RowMeta* meta;     // [rows]: rows from other ranks move, the rest stay
-  int rows, k_blocks, sf_row_bytes, sf_stride, rank, pad_;
+  int rows, hidden, staged_row_bytes, sf_stride, rank, pad_;
 };
 
 struct SwigluParams {
@@ -134,6 +140,28 @@ __device__ __forceinline__ u32 widen2(u32 codes, float scale) {
 __device__ __forceinline__ int first_channel(int per) { return (blockIdx.y * kThreads + threadIdx.x) * per; }
 __device__ __forceinline__ int channel_stride(int per) { return gridDim.y * kThreads * per; }
 
+#if !UF_FP8_POOL
+// One E4M3 row (canonical order) and its H/G scales -> the BF16 pool row in pool order, widened
+// with each word's own scale (G is 32 or 128): per 16 pool-order channels four canonical 4-byte
+// words, one of each scale block of the 128-channel block, and two 16-byte stores.
+__device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* dst, int h) {
+  for (int c = first_channel(16); c < h; c += channel_stride(16)) {
+    const int block = c & ~127;
+    u32 lo[4], hi[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int from = block + pool_order::unit_source_byte((c & 127) / 16, b);
+      const u32 q = *reinterpret_cast<const u32*>(src + from);
+      const float scale = fp::ue8m0_decode(src_sf[from / UF_G]);
+      lo[b] = widen2(q, scale);
+      hi[b] = widen2(q >> 16, scale);
+    }
+    *reinterpret_cast<uint4*>(dst + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  }
+}
+#endif
+
 __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const int pair = blockIdx.x;
   const int row = p.route[pair];
@@ -154,31 +182,21 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
     for (int b = 0; b < 4; ++b) w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
     *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  // Staged, into a peer: the row's H/128 scale bytes side by side (a few whole NVLink stores instead
-  // of one per k128 block; uf_sf_transpose moves them into the owner's table). Else straight there.
-  if (!p.staged_scales || owner == p.rank) {
+  if (!p.staged || owner == p.rank) {
     u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
     for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
   } else {
-    u8* sf = reinterpret_cast<u8*>(p.pool_sf_rows[owner]) + (size_t)row * p.sf_row_bytes;
+    u8* sf = reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
     for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[kb] = src_sf[kb];
   }
 #else
-  // ... widened to BF16 with each word's own scale (G is 32 or 128): two 16-byte stores.
-  u16* dst = reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h;
-  for (int c = first_channel(16); c < h; c += channel_stride(16)) {
-    const int block = c & ~127;
-    u32 lo[4], hi[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int from = block + pool_order::unit_source_byte((c & 127) / 16, b);
-      const u32 q = *reinterpret_cast<const u32*>(src + from);
-      const float scale = fp::ue8m0_decode(src_sf[from / UF_G]);
-      lo[b] = widen2(q, scale);
-      hi[b] = widen2(q >> 16, scale);
-    }
-    *reinterpret_cast<uint4*>(dst + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  if (!p.staged || owner == p.rank) {
+    widen_row(src, src_sf, reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h, h);
+  } else {
+    u8* dst = reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    for (int c = first_channel(16); c < h; c += channel_stride(16))
+      *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+    for (int g = first_channel(1); g < h / UF_G; g += channel_stride(1)) dst[h + g] = src_sf[g];
   }
 #endif
   if (blockIdx.y == 0 && threadIdx.x == 0) {
@@ -191,20 +209,31 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   }
 }
 
-// One thread per row: its scales (16-byte loads) to [kb][row]; a warp stores 32 consecutive bytes per kb.
-__device__ __forceinline__ void sf_transpose(const SfTransposeParams& p) {
+// FP8 pool: one thread per row, its scales (16-byte loads) to [kb][row]: a warp stores 32
+// consecutive bytes per kb. BF16 pool: a CTA per row (channels over grid y), widened as the
+// dispatch would have. Padding rows and this rank's own rows (written in place) stay.
+__device__ __forceinline__ void unstage(const UnstageParams& p) {
+#if UF_FP8_POOL
   const int row = blockIdx.x * kThreads + threadIdx.x;
+#else
+  const int row = blockIdx.x;
+#endif
   if (row >= p.rows) return;
   const RowMeta m = p.meta[row];
-  if (m.token < 0 || m.rank == p.rank) return;  // padding, or written in place by this rank's dispatch
-  const uint4* src = reinterpret_cast<const uint4*>(p.sf_rows + (size_t)row * p.sf_row_bytes);
-  for (int k0 = 0; k0 < p.k_blocks; k0 += 16) {
-    const uint4 v = src[k0 / 16];
+  if (m.token < 0 || m.rank == p.rank) return;
+  const u8* staged = p.staged + (size_t)row * p.staged_row_bytes;
+#if UF_FP8_POOL
+  const int k_blocks = p.hidden / 128;
+  for (int k0 = 0; k0 < k_blocks; k0 += 16) {
+    const uint4 v = reinterpret_cast<const uint4*>(staged)[k0 / 16];
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 16; ++i)
-      if (k0 + i < p.k_blocks) p.sf[(size_t)(k0 + i) * p.sf_stride + row] = (u8)(w[i / 4] >> (8 * (i % 4)));
+      if (k0 + i < k_blocks) p.sf[(size_t)(k0 + i) * p.sf_stride + row] = (u8)(w[i / 4] >> (8 * (i % 4)));
   }
+#else
+  widen_row(staged, staged + p.hidden, p.pool + (size_t)row * p.hidden, p.hidden);
+#endif
 }
 
 // silu(g) = g / (1 + exp(-g)) in f32 as the host computes it: IEEE division, exp rounded from double
@@ -328,7 +357,7 @@ __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
 static_assert(sizeof(DispatchParams) == 104, "DispatchParams layout");
-static_assert(sizeof(SfTransposeParams) == 48, "SfTransposeParams layout");
+static_assert(sizeof(UnstageParams) == 56, "UnstageParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
 static_assert(sizeof(CombineReduceParams) == 64, "CombineReduceParams layout");

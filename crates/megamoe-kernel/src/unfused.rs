@@ -6,8 +6,8 @@
 //! word, [`Pipeline::check_barriers`]), so a forward is one stream of launches the host only
 //! enqueues.
 //!
-//! The buffers peers write into — the L1 pool's activations and scales (the scales a row at a time,
-//! which [`Pipeline::l1`] first turns into the GEMM's per-k-block table), its row metadata, the
+//! The buffers peers write into — the L1 pool's activations and scales (at large T staged as the
+//! peers send them, which [`Pipeline::l1`] first moves into the pool), its row metadata, the
 //! combine buffer and the barrier's signals — are the regions of one symmetric buffer per rank ([`PeerLayout`], from
 //! [`PipelineShape::peer_layout`]), which the caller allocates on every rank (e.g.
 //! `symm_mem::World::alloc_symmetric`: plain device memory with peer access for ranks that are
@@ -183,21 +183,22 @@ impl PipelineShape {
         }
     }
 
-    /// FP8 pool: bytes per row of the scales as peers send them, `H/128` UE8M0 padded to 16 (one
-    /// contiguous store per row; a byte per k128 block straight into the `[H/128][sf_stride]`
-    /// table was 56 single-byte NVLink stores a row, ≈ 25 % of the dispatch on 2×H200, perf.md
-    /// v33). A rank's own rows go straight into the table. BF16 pools have no scales.
-    pub fn sf_row_bytes(&self) -> usize {
+    /// Bytes per row of a staged row from a peer (large T; the owner finishes it, `Pipeline::l1`):
+    /// FP8 pool, its `H/128` UE8M0 scales padded to 16 (one contiguous store per row; a byte per
+    /// k128 block straight into the `[H/128][sf_stride]` table was 56 single-byte NVLink stores a
+    /// row, ≈ 25 % of the dispatch on 2×H200, perf.md v33); BF16 pool, the E4M3 row and its `H/G`
+    /// scales padded to 16 (half the NVLink bytes of the widened row).
+    pub fn staged_row_bytes(&self) -> usize {
         match self.mma {
             Mma::Fp8 => (self.hidden / BLOCK_K).next_multiple_of(16),
-            Mma::Bf16 => 0,
+            Mma::Bf16 => self.hidden + (self.hidden / self.recipe.group()).next_multiple_of(16),
         }
     }
 
     /// The regions of one rank's symmetric buffer, in this order, each aligned to
     /// [`PEER_REGION_ALIGN`]: the L1 pool (`[pool_rows][H]` E4M3 or BF16), its scales
-    /// ([`Self::sf_bytes`] of H, the GEMM's layout), the scales as peers send them
-    /// (`[pool_rows][sf_row_bytes]`, rows from peers), its [`RowMeta`] `[pool_rows]`, the combine buffer
+    /// ([`Self::sf_bytes`] of H, the GEMM's layout), rows from peers as they send them when staged
+    /// (`[pool_rows][staged_row_bytes]`), its [`RowMeta`] `[pool_rows]`, the combine buffer
     /// `[top_k][max_tokens][H]` BF16, and the cross-rank barrier's signals `[num_ranks]` u64.
     pub fn peer_layout(&self) -> PeerLayout {
         let mut end = 0usize;
@@ -208,14 +209,14 @@ impl PipelineShape {
         };
         let l1_act = region(self.pool_rows * self.hidden * self.act_elem());
         let l1_sf = region(self.sf_bytes(self.hidden));
-        let l1_sf_rows = region(self.pool_rows * self.sf_row_bytes());
+        let l1_staged = region(self.pool_rows * self.staged_row_bytes());
         let meta = region(self.pool_rows * size_of::<RowMeta>());
         let combine = region(self.top_k * self.max_tokens * self.hidden * size_of::<u16>());
         let signals = region(self.num_ranks * size_of::<u64>());
         PeerLayout {
             l1_act,
             l1_sf,
-            l1_sf_rows,
+            l1_staged,
             meta,
             combine,
             signals,
@@ -427,28 +428,29 @@ struct DispatchParams {
     topk_w: u64,
     pool_act: u64,
     pool_sf: u64,
-    pool_sf_rows: u64,
+    pool_staged: u64,
     pool_meta: u64,
     tokens: i32,
     top_k: i32,
     hidden: i32,
     experts_per_rank: i32,
-    sf_row_bytes: i32,
+    staged_row_bytes: i32,
     sf_stride: i32,
     rank: i32,
-    staged_scales: i32,
+    staged_rows: i32,
 }
 
-/// `mm::unfused::SfTransposeParams`.
+/// `mm::unfused::UnstageParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct SfTransposeParams {
-    sf_rows: u64,
+struct UnstageParams {
+    staged: u64,
     sf: u64,
+    pool: u64,
     meta: u64,
     rows: i32,
-    k_blocks: i32,
-    sf_row_bytes: i32,
+    hidden: i32,
+    staged_row_bytes: i32,
     sf_stride: i32,
     rank: i32,
     pad: i32,
@@ -515,7 +517,7 @@ const _: () = {
     assert!(size_of::<RankBarrierParams>() == 32);
     assert!(size_of::<RowMeta>() == 16);
     assert!(size_of::<DispatchParams>() == 104);
-    assert!(size_of::<SfTransposeParams>() == 48);
+    assert!(size_of::<UnstageParams>() == 56);
     assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
     assert!(size_of::<CombineReduceParams>() == 64);
@@ -552,7 +554,7 @@ pub struct GlueKernels {
     pub recipe: Recipe,
     silu_table: Kernel,
     dispatch: Kernel,
-    sf_transpose: Kernel,
+    unstage: Kernel,
     swiglu: Kernel,
     combine_send: Kernel,
     combine_reduce: Kernel,
@@ -568,7 +570,7 @@ impl GlueKernels {
             recipe,
             silu_table: module.kernel("uf_silu_table")?,
             dispatch: module.kernel("uf_dispatch")?,
-            sf_transpose: module.kernel("uf_sf_transpose")?,
+            unstage: module.kernel("uf_unstage")?,
             swiglu: module.kernel("uf_swiglu")?,
             combine_send: module.kernel("uf_combine_send")?,
             combine_reduce: module.kernel("uf_combine_reduce")?,
@@ -596,9 +598,9 @@ impl PeerRegion {
 pub struct PeerLayout {
     pub l1_act: PeerRegion,
     pub l1_sf: PeerRegion,
-    /// FP8 pool: the scales of the rows from peers as their dispatch writes them;
-    /// `Pipeline::l1` moves them into `l1_sf`.
-    pub l1_sf_rows: PeerRegion,
+    /// Rows from peers as their dispatch writes them when staged (large T: FP8 scales, BF16 E4M3
+    /// rows and scales); `Pipeline::l1` moves them into the pool.
+    pub l1_staged: PeerRegion,
     pub meta: PeerRegion,
     pub combine: PeerRegion,
     /// `[num_ranks]` u64: slot r holds the epoch of the last barrier rank r entered (`barriers`'
@@ -614,7 +616,7 @@ impl PeerLayout {
         [
             ("l1_act", self.l1_act),
             ("l1_sf", self.l1_sf),
-            ("l1_sf_rows", self.l1_sf_rows),
+            ("l1_staged", self.l1_staged),
             ("meta", self.meta),
             ("combine", self.combine),
             ("signals", self.signals),
@@ -627,14 +629,14 @@ impl PeerLayout {
         PeerAddresses {
             l1_act: at(self.l1_act),
             l1_sf: at(self.l1_sf),
-            l1_sf_rows: at(self.l1_sf_rows),
+            l1_staged: at(self.l1_staged),
             meta: at(self.meta),
             combine: at(self.combine),
             signals: at(self.signals),
         }
     }
 
-    /// The glue kernels' peer table `[5][R]` (`l1_act`, `l1_sf`, `l1_sf_rows`, `meta`, `combine` of
+    /// The glue kernels' peer table `[5][R]` (`l1_act`, `l1_sf`, `l1_staged`, `meta`, `combine` of
     /// every rank)
     /// from every rank's base (`bases[r]`, as mapped in this process); refused unless there is one
     /// base per rank, each aligned to [`PEER_REGION_ALIGN`].
@@ -662,7 +664,7 @@ impl PeerLayout {
         Ok([
             all.iter().map(|a| a.l1_act).collect::<Vec<_>>(),
             all.iter().map(|a| a.l1_sf).collect(),
-            all.iter().map(|a| a.l1_sf_rows).collect(),
+            all.iter().map(|a| a.l1_staged).collect(),
             all.iter().map(|a| a.meta).collect(),
             all.iter().map(|a| a.combine).collect(),
         ]
@@ -675,7 +677,7 @@ impl PeerLayout {
 pub struct PeerAddresses {
     pub l1_act: u64,
     pub l1_sf: u64,
-    pub l1_sf_rows: u64,
+    pub l1_staged: u64,
     pub meta: u64,
     pub combine: u64,
     pub signals: u64,
@@ -694,16 +696,17 @@ struct Inputs {
 /// Resident glue CTAs per SM the split aims for (128 threads each: 16 fill an SM).
 const GLUE_CTAS_PER_SM: usize = 16;
 
-/// FP8 pools stage the scales of rows from peers (`PipelineShape::sf_row_bytes`) when the owners
-/// get at least this many such rows on average ([`Pipeline::set_plans`]).
-const STAGED_SCALES_MIN_PEER_ROWS: usize = 1024;
+/// Rows from peers are staged (`PipelineShape::staged_row_bytes`) when the owners get at least
+/// this many of them on average ([`Pipeline::set_plans`]).
+const STAGED_MIN_PEER_ROWS: usize = 1024;
 
-/// Whether this forward's FP8 scales of rows from peers go through `l1_sf_rows`: they pay once the
-/// single-byte NVLink stores they avoid (≈ 9 ns a row, perf.md v33) outweigh the extra launch
-/// (≈ 8 µs: +1.5 % at T = 128 on 2×H200, v34). From every owner's plan, so every rank decides alike.
-fn stages_scales(mma: Mma, plans: &[PoolPlan]) -> bool {
+/// Whether this forward's rows from peers go through `l1_staged`: staging pays once what it saves
+/// (FP8: ≈ 9 ns a row of single-byte NVLink stores, perf.md v33; BF16: half of a 2H-byte row's
+/// NVLink time) outweighs the extra launch (≈ 8 µs: +1.5 % at T = 128 on 2×H200, v34). From every
+/// owner's plan, so every rank decides alike.
+fn stages_rows(plans: &[PoolPlan]) -> bool {
     let peer_rows: usize = plans.iter().map(|p| p.peer_rows).sum();
-    mma == Mma::Fp8 && peer_rows >= STAGED_SCALES_MIN_PEER_ROWS * plans.len()
+    peer_rows >= STAGED_MIN_PEER_ROWS * plans.len()
 }
 
 /// A glue kernel's grid: a CTA per row (pair, pool row or token) along x, each row's `channels`
@@ -765,15 +768,15 @@ pub struct Pipeline {
     layout: PeerLayout,
     /// This rank's own symmetric buffer.
     base: u64,
-    /// `[5][R]`: l1_act, l1_sf, l1_sf_rows, meta, combine of every rank ([`PeerLayout::peer_table`]).
+    /// `[5][R]`: l1_act, l1_sf, l1_staged, meta, combine of every rank ([`PeerLayout::peer_table`]).
     peers: CudaSlice<u64>,
     /// This rank's `symm_mem::SymmBuffer` view of every rank's buffer, for the cross-rank barrier.
     barrier_view: CudaSlice<u8>,
     /// The barrier's error word: this rank's own, 0 while the ranks are in step.
     barrier_error: CudaSlice<u64>,
     barrier_timeout: Duration,
-    /// This forward's FP8 scales of rows from peers go through `l1_sf_rows` (set_plans).
-    staged_scales: bool,
+    /// This forward's rows from peers go through `l1_staged` (set_plans).
+    staged_rows: bool,
     l1_out: CudaSlice<u16>,
     /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
     silu: CudaSlice<f32>,
@@ -858,7 +861,7 @@ impl Pipeline {
             barrier_view: gpu.upload(bytemuck::bytes_of(&view))?,
             barrier_error: gpu.alloc_zeros(1)?,
             barrier_timeout: barriers::DEFAULT_TIMEOUT,
-            staged_scales: false,
+            staged_rows: false,
             l1_out: poisoned(gpu, rows * 2 * i)?,
             silu,
             l2_act: poisoned(gpu, rows * i * elem)?,
@@ -981,7 +984,7 @@ impl Pipeline {
         let inputs = self.inputs.as_ref().expect("set_inputs before set_plans");
         let route = routes(&inputs.topk_host, self.rank, &plans, el);
         self.route = Some(upload_nonempty(gpu, &route, -1)?);
-        self.staged_scales = stages_scales(s.mma, &plans);
+        self.staged_rows = stages_rows(&plans);
         let own = plans[self.rank].clone();
         self.offsets_dev = Some((
             upload_nonempty(gpu, &own.expert_offset, 0)?,
@@ -1078,16 +1081,16 @@ impl Pipeline {
             topk_w,
             pool_act: peer_base,
             pool_sf: peer_base + 8 * r,
-            pool_sf_rows: peer_base + 16 * r,
+            pool_staged: peer_base + 16 * r,
             pool_meta: peer_base + 24 * r,
             tokens: inputs.tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,
             experts_per_rank: s.experts_per_rank() as i32,
-            sf_row_bytes: s.sf_row_bytes() as i32,
+            staged_row_bytes: s.staged_row_bytes() as i32,
             sf_stride: s.sf_stride() as i32,
             rank: self.rank as i32,
-            staged_scales: i32::from(self.staged_scales),
+            staged_rows: i32::from(self.staged_rows),
         };
         // SAFETY: routes are rows below every owner's plan.rows <= pool_rows (checked by
         // PoolPlan::new on every rank), the peer table holds every rank's live symmetric buffer
@@ -1192,39 +1195,48 @@ impl Pipeline {
     /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up). An FP8
     /// pool's scales, sent a row at a time, first go into the GEMM's `[H/128][sf_stride]` table.
     pub fn l1(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
-        self.transpose_scales(gpu)?;
+        self.unstage_rows(gpu)?;
         self.gemm(gpu, jit, false)
     }
 
-    /// FP8 pool, scales staged: those of the rows from peers, `l1_sf_rows` (`[rows][sf_row_bytes]`,
-    /// as their dispatch wrote them), into `l1_sf`; none from peers: no launch.
-    fn transpose_scales(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+    /// Staged rows from peers, `l1_staged` (`[rows][staged_row_bytes]`, as their dispatch wrote
+    /// them), into the pool: FP8, their scales into `l1_sf`; BF16, widened into `l1_act`. None
+    /// from peers: no launch.
+    fn unstage_rows(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
         let plan = self.plan.as_ref().expect("set_plans before l1");
-        if !self.staged_scales || plan.peer_rows == 0 {
+        if !self.staged_rows || plan.peer_rows == 0 {
             return Ok(());
         }
         let rows = plan.rows;
         let own = self.own();
-        let params = SfTransposeParams {
-            sf_rows: own.l1_sf_rows,
+        let params = UnstageParams {
+            staged: own.l1_staged,
             sf: own.l1_sf,
+            pool: own.l1_act,
             meta: own.meta,
             rows: rows as i32,
-            k_blocks: (s.hidden / BLOCK_K) as i32,
-            sf_row_bytes: s.sf_row_bytes() as i32,
+            hidden: s.hidden as i32,
+            staged_row_bytes: s.staged_row_bytes() as i32,
             sf_stride: s.sf_stride() as i32,
             rank: self.rank as i32,
             pad: 0,
         };
-        let grid = [rows.div_ceil(THREADS as usize) as u32, 1, 1];
+        // FP8: a thread per row; BF16: a CTA per row, as the dispatch.
+        let config = match s.mma {
+            Mma::Fp8 => LaunchConfig::new(
+                [rows.div_ceil(THREADS as usize) as u32, 1, 1],
+                [THREADS, 1, 1],
+            ),
+            Mma::Bf16 => glue_grid(gpu, rows, s.hidden, 16),
+        };
         // SAFETY: this rank's own regions (Pipeline::new's contract), sized for pool_rows >= rows
-        // rows; the dispatch that wrote l1_sf_rows is behind a barrier, and the L1 GEMM that reads
-        // l1_sf follows on the same stream.
+        // rows; the dispatch that wrote l1_staged is behind a barrier, and the L1 GEMM that reads
+        // the pool follows on the same stream.
         unsafe {
             self.glue
-                .sf_transpose
-                .launch(gpu.stream(), LaunchConfig::new(grid, [THREADS, 1, 1]))
+                .unstage
+                .launch(gpu.stream(), config)
                 .scalar(params)
                 .launch()?
         };
@@ -1398,7 +1410,7 @@ mod tests {
     }
 
     #[test]
-    fn scales_are_staged_with_many_rows_from_peers() {
+    fn rows_are_staged_when_many_come_from_peers() {
         // 2 ranks, 2 experts each; source r sends `n` pairs to each expert of the other rank.
         let plans = |n: u32| {
             let counts = vec![vec![5, 5, n, n], vec![n, n, 5, 5]];
@@ -1406,17 +1418,10 @@ mod tests {
                 .map(|owner| PoolPlan::new(&counts, owner, 2, 1 << 20).unwrap())
                 .collect::<Vec<_>>()
         };
-        let at = STAGED_SCALES_MIN_PEER_ROWS as u32 / 2; // two experts per owner
-        assert!(stages_scales(Mma::Fp8, &plans(at)));
-        assert!(!stages_scales(Mma::Fp8, &plans(at - 1)));
-        assert!(
-            !stages_scales(Mma::Bf16, &plans(at)),
-            "BF16 pools have no scales"
-        );
-        assert!(
-            !stages_scales(Mma::Fp8, &plans(0)[..1]),
-            "one rank: no peers"
-        );
+        let at = STAGED_MIN_PEER_ROWS as u32 / 2; // two experts per owner
+        assert!(stages_rows(&plans(at)));
+        assert!(!stages_rows(&plans(at - 1)));
+        assert!(!stages_rows(&plans(0)[..1]), "one rank: no peers");
     }
 
     #[test]
@@ -1591,7 +1596,7 @@ mod tests {
                 },
                 match s.mma {
                     Mma::Fp8 => rows * (h / 128).next_multiple_of(16),
-                    Mma::Bf16 => 0,
+                    Mma::Bf16 => rows * (h + (h / s.recipe.group()).next_multiple_of(16)),
                 },
                 rows * 16,
                 s.top_k * s.max_tokens * h * 2,
@@ -1637,7 +1642,7 @@ mod tests {
                     table[9 + r],
                     table[12 + r]
                 ],
-                [a.l1_act, a.l1_sf, a.l1_sf_rows, a.meta, a.combine]
+                [a.l1_act, a.l1_sf, a.l1_staged, a.meta, a.combine]
             );
             assert_eq!(a.combine, base + layout.combine.offset as u64);
         }
