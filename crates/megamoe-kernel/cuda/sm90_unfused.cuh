@@ -182,13 +182,12 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
     for (int b = 0; b < 4; ++b) w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
     *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-  if (!p.staged || owner == p.rank) {
-    u8* sf = reinterpret_cast<u8*>(p.pool_sf[owner]);
-    for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[(size_t)kb * p.sf_stride + row] = src_sf[kb];
-  } else {
-    u8* sf = reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
-    for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[kb] = src_sf[kb];
-  }
+  // The scales: into the table ([kb][row]), or staged side by side ([row][kb]).
+  const bool in_table = !p.staged || owner == p.rank;
+  u8* sf = in_table ? reinterpret_cast<u8*>(p.pool_sf[owner]) + row
+                    : reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
+  const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
+  for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[kb * kb_stride] = src_sf[kb];
 #else
   if (!p.staged || owner == p.rank) {
     widen_row(src, src_sf, reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h, h);

@@ -187,9 +187,10 @@ impl PipelineShape {
     /// FP8 pool, its `H/128` UE8M0 scales padded to 16 (one contiguous store per row; a byte per
     /// k128 block straight into the `[H/128][sf_stride]` table was 56 single-byte NVLink stores a
     /// row, ≈ 25 % of the dispatch on 2×H200, perf.md v33); BF16 pool, the E4M3 row and its `H/G`
-    /// scales padded to 16 (half the NVLink bytes of the widened row).
+    /// scales padded to 16 (half the NVLink bytes of the widened row). One rank has no peers: 0.
     pub fn staged_row_bytes(&self) -> usize {
         match self.mma {
+            _ if self.num_ranks == 1 => 0,
             Mma::Fp8 => (self.hidden / BLOCK_K).next_multiple_of(16),
             Mma::Bf16 => self.hidden + (self.hidden / self.recipe.group()).next_multiple_of(16),
         }
@@ -317,7 +318,7 @@ pub struct PoolPlan {
     pub rows: usize,
     /// `[source rank][local expert]`: first row of that source's pairs of that expert.
     pub source_base: Vec<Vec<i32>>,
-    /// Rows whose pairs come from other ranks (their FP8 scales arrive a row at a time).
+    /// Rows whose pairs come from other ranks (staged at large T, `Pipeline::set_plans`).
     pub peer_rows: usize,
 }
 
@@ -437,7 +438,7 @@ struct DispatchParams {
     staged_row_bytes: i32,
     sf_stride: i32,
     rank: i32,
-    staged_rows: i32,
+    staged: i32,
 }
 
 /// `mm::unfused::UnstageParams`.
@@ -1090,7 +1091,7 @@ impl Pipeline {
             staged_row_bytes: s.staged_row_bytes() as i32,
             sf_stride: s.sf_stride() as i32,
             rank: self.rank as i32,
-            staged_rows: i32::from(self.staged_rows),
+            staged: i32::from(self.staged_rows),
         };
         // SAFETY: routes are rows below every owner's plan.rows <= pool_rows (checked by
         // PoolPlan::new on every rank), the peer table holds every rank's live symmetric buffer
@@ -1192,8 +1193,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up). An FP8
-    /// pool's scales, sent a row at a time, first go into the GEMM's `[H/128][sf_stride]` table.
+    /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up). Rows
+    /// from peers that arrived staged first go into the pool.
     pub fn l1(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
         self.unstage_rows(gpu)?;
         self.gemm(gpu, jit, false)
@@ -1595,6 +1596,7 @@ mod tests {
                     Mma::Bf16 => 0,
                 },
                 match s.mma {
+                    _ if s.num_ranks == 1 => 0,
                     Mma::Fp8 => rows * (h / 128).next_multiple_of(16),
                     Mma::Bf16 => rows * (h + (h / s.recipe.group()).next_multiple_of(16)),
                 },
