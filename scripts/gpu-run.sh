@@ -39,7 +39,7 @@ if [[ -z "${SKIP_BENCH:-}" ]]; then
     (( ranks <= gpus )) || continue
     largest=$ranks
     timeout 420 "$bundle/bin/megamoe" bench --preset deepseek-v4-pro --ranks "$ranks" --experts $((48 * ranks)) \
-      --tokens 8,128,8192 --routes g128/fp8,g128/bf16,mx32/bf16 --reps 5 2>&1 | tee -a "$out/pipeline.log" || status=1
+      --tokens 8,128,8192 --routes g128/fp8,g128/bf16-fp8,g128/bf16,mx32/bf16 --reps 5 2>&1 | tee -a "$out/pipeline.log" || status=1
   done
   if (( largest > 1 )); then
     timeout 420 "$bundle/bin/megamoe" bench --preset deepseek-v4-pro --ranks "$largest" --experts $((48 * largest)) \

@@ -41,7 +41,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "8,128,512,2048,8192")]
     tokens: Vec<usize>,
     /// `recipe/route` pairs: g128/fp8, g128/bf16, mx32/bf16.
-    #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route)]
+    #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route::<Mma>)]
     routes: Vec<(Recipe, Mma)>,
     /// Tokens per tile: `auto` (the plan's choice) or a list.
     #[arg(long, default_value = "auto")]

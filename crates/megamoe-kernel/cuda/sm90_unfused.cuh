@@ -19,8 +19,9 @@
 //   uf_rank_barrier    one CTA: the ranks meet after the stages that write into peers (barriers.cuh's
 //                      rank_barrier over the pipeline's signals), so a forward is one stream of
 //                      launches with no host round trip; a missing rank times out into the error word.
-// Specialized with -DUF_G=<32|128> (the recipe's activation group) and -DUF_FP8_POOL=<0|1> (the GEMM's
-// tensor-core route). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
+// Specialized with -DUF_G=<32|128> (the recipe's activation group), -DUF_L1_FP8_POOL=<0|1> and
+// -DUF_L2_FP8_POOL=<0|1> (each GEMM's tensor-core route: the dispatch and the unstaging write the L1
+// pool, the SwiGLU the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
 // (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the
 // GEMM's pool channel order (pool_order.cuh).
 #pragma once
@@ -28,7 +29,7 @@
 #include "fp_formats.cuh"
 #include "pool_order.cuh"
 
-#if UF_FP8_POOL && UF_G != 128
+#if (UF_L1_FP8_POOL || UF_L2_FP8_POOL) && UF_G != 128
 #error "the FP8 pool carries one scale per 128 channels"
 #endif
 
@@ -140,7 +141,7 @@ __device__ __forceinline__ u32 widen2(u32 codes, float scale) {
 __device__ __forceinline__ int first_channel(int per) { return (blockIdx.y * kThreads + threadIdx.x) * per; }
 __device__ __forceinline__ int channel_stride(int per) { return gridDim.y * kThreads * per; }
 
-#if !UF_FP8_POOL
+#if !UF_L1_FP8_POOL
 // One E4M3 row (canonical order) and its H/G scales -> the BF16 pool row in pool order, widened
 // with each word's own scale (G is 32 or 128): per 16 pool-order channels four canonical 4-byte
 // words, one of each scale block of the 128-channel block, and two 16-byte stores.
@@ -173,7 +174,7 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const u8* src_sf = p.x_sf + (size_t)t * (h / UF_G);
   // Each thread moves the 16 pool-order channels at c: four canonical 4-byte words, one of each
   // scale block of the 128-channel block (four 4-byte loads, 16-byte stores to the owner).
-#if UF_FP8_POOL
+#if UF_L1_FP8_POOL
   u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
   for (int c = first_channel(16); c < h; c += channel_stride(16)) {
     const u8* block = src + (c & ~127);
@@ -212,7 +213,7 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
 // consecutive bytes per kb. BF16 pool: a CTA per row (channels over grid y), widened as the
 // dispatch would have. Padding rows and this rank's own rows (written in place) stay.
 __device__ __forceinline__ void unstage(const UnstageParams& p) {
-#if UF_FP8_POOL
+#if UF_L1_FP8_POOL
   const int row = blockIdx.x * kThreads + threadIdx.x;
 #else
   const int row = blockIdx.x;
@@ -221,7 +222,7 @@ __device__ __forceinline__ void unstage(const UnstageParams& p) {
   const RowMeta m = p.meta[row];
   if (m.token < 0 || m.rank == p.rank) return;
   const u8* staged = p.staged + (size_t)row * p.staged_row_bytes;
-#if UF_FP8_POOL
+#if UF_L1_FP8_POOL
   const int k_blocks = p.hidden / 128;
   for (int k0 = 0; k0 < k_blocks; k0 += 16) {
     const uint4 v = reinterpret_cast<const uint4*>(staged)[k0 / 16];
@@ -287,7 +288,7 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
     for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
     const float inv = fp::pow2(127 - (int)biased);
-#if UF_FP8_POOL
+#if UF_L2_FP8_POOL
     u32 word = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);

@@ -52,16 +52,92 @@ impl Mma {
     }
 }
 
-/// A `recipe/route` pair such as `g128/fp8`, `g128/bf16` or `mx32/bf16` (benchmarks, CLIs).
-pub fn parse_route(s: &str) -> Result<(Recipe, Mma), String> {
-    let (recipe, mma) = s
+/// What a route computes: [`Mma`] (one GEMM) and [`Routes`] (the pipeline's two).
+pub trait Route: Copy + std::fmt::Display + std::str::FromStr<Err = String> {
+    fn computes(self, recipe: Recipe) -> bool;
+}
+
+impl Route for Mma {
+    fn computes(self, recipe: Recipe) -> bool {
+        self.supports(recipe)
+    }
+}
+
+/// A `recipe/route` pair such as `g128/fp8`, `g128/bf16`, `mx32/bf16` or (the pipeline's
+/// [`Routes`]) `g128/bf16-fp8` (benchmarks, CLIs).
+pub fn parse_route<R: Route>(s: &str) -> Result<(Recipe, R), String> {
+    let (recipe, route) = s
         .split_once('/')
         .ok_or_else(|| format!("`{s}` is not recipe/route, e.g. g128/fp8"))?;
-    let (recipe, mma): (Recipe, Mma) = (recipe.parse()?, mma.parse()?);
-    if !mma.supports(recipe) {
-        return Err(format!("the {mma} route does not compute {recipe}"));
+    let (recipe, route): (Recipe, R) = (recipe.parse()?, route.parse()?);
+    if !route.computes(recipe) {
+        return Err(format!("the {route} route does not compute {recipe}"));
     }
-    Ok((recipe, mma))
+    Ok((recipe, route))
+}
+
+/// The tensor-core route of each of the pipeline's GEMMs. Written `bf16` or `fp8` when both take
+/// the same, `L1-L2` otherwise: `bf16-fp8` ([`Routes::EXACT_L1`]) keeps the L1 exact, whose output is
+/// re-quantized (where the FP8 accumulation's error flips E4M3 roundings and scales, 1–3e-5 on V4
+/// shapes through the whole pipeline), and runs the L2, whose output is only rounded to BF16 and
+/// summed, through FP8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Routes {
+    pub l1: Mma,
+    pub l2: Mma,
+}
+
+impl Routes {
+    /// Exact for every recipe: BF16 for both GEMMs.
+    pub const EXACT: Routes = Routes::both(Mma::EXACT);
+    /// g128: the exact L1 and the FP8 L2.
+    pub const EXACT_L1: Routes = Routes {
+        l1: Mma::Bf16,
+        l2: Mma::Fp8,
+    };
+
+    pub const fn both(mma: Mma) -> Routes {
+        Routes { l1: mma, l2: mma }
+    }
+
+    pub fn supports(self, recipe: Recipe) -> bool {
+        self.l1.supports(recipe) && self.l2.supports(recipe)
+    }
+}
+
+impl From<Mma> for Routes {
+    fn from(mma: Mma) -> Routes {
+        Routes::both(mma)
+    }
+}
+
+impl Route for Routes {
+    fn computes(self, recipe: Recipe) -> bool {
+        self.supports(recipe)
+    }
+}
+
+impl std::fmt::Display for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.l1 == self.l2 {
+            f.pad(self.l1.name())
+        } else {
+            f.pad(&format!("{}-{}", self.l1, self.l2))
+        }
+    }
+}
+
+impl std::str::FromStr for Routes {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('-') {
+            Some((l1, l2)) => Ok(Routes {
+                l1: l1.parse()?,
+                l2: l2.parse()?,
+            }),
+            None => Ok(Routes::both(s.parse()?)),
+        }
+    }
 }
 
 impl std::fmt::Display for Mma {
@@ -888,13 +964,36 @@ mod tests {
         assert_eq!(parse_route("g128/fp8"), Ok((Recipe::G128, Mma::Fp8)));
         assert_eq!(parse_route("mx32/bf16"), Ok((Recipe::Mx32, Mma::Bf16)));
         assert!(
-            parse_route("mx32/fp8")
+            parse_route::<Mma>("mx32/fp8")
                 .unwrap_err()
                 .contains("does not compute")
         );
-        assert!(parse_route("g128").is_err());
-        assert!(parse_route("g128/fp16").is_err());
+        assert!(parse_route::<Mma>("g128").is_err());
+        assert!(parse_route::<Mma>("g128/fp16").is_err());
+        assert!(parse_route::<Mma>("g128/bf16-fp8").is_err());
         assert_eq!(format!("{:<5}|", Mma::Fp8), "fp8  |");
+    }
+
+    #[test]
+    fn pipeline_routes_parse_print_and_check_both_gemms() {
+        assert_eq!(
+            parse_route("g128/bf16-fp8"),
+            Ok((Recipe::G128, Routes::EXACT_L1))
+        );
+        assert_eq!(parse_route("mx32/bf16"), Ok((Recipe::Mx32, Routes::EXACT)));
+        assert_eq!(
+            parse_route("g128/fp8"),
+            Ok((Recipe::G128, Routes::both(Mma::Fp8)))
+        );
+        for bad in ["mx32/bf16-fp8", "mx32/fp8-bf16"] {
+            let err = parse_route::<Routes>(bad).unwrap_err();
+            assert!(err.contains("does not compute mx32"), "{bad}: {err}");
+        }
+        assert!(parse_route::<Routes>("g128/bf16-").is_err());
+        assert!(parse_route::<Routes>("g128/bf16-fp8-fp8").is_err());
+        assert_eq!(Routes::EXACT_L1.to_string(), "bf16-fp8");
+        assert_eq!(format!("{:<9}|", Routes::EXACT), "bf16     |");
+        assert_eq!(Routes::from(Mma::Fp8), Routes::both(Mma::Fp8));
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub mod problem;
 pub mod transform;
 pub mod unfused;
 
-pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TilePlan};
+pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Routes, TilePlan};
 pub use transform::{Fold, GemmWeights, TransformError, transform_weights};
 pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
 

@@ -35,7 +35,7 @@ use fp_formats::Recipe;
 use symm_mem::SymmBuffer;
 
 use crate::gemm::{
-    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan,
+    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Routes, TOKEN_TILES, TilePlan,
 };
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::Fold;
@@ -101,8 +101,9 @@ pub enum UnfusedError {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PipelineShape {
     pub recipe: Recipe,
-    /// The GEMMs' tensor-core route: [`Mma::Bf16`] (exact, either recipe) or [`Mma::Fp8`] (g128).
-    pub mma: Mma,
+    /// Each GEMM's tensor-core route: [`Mma::Bf16`] (exact, either recipe) or [`Mma::Fp8`] (g128);
+    /// it sets the format of the pool the GEMM reads.
+    pub routes: Routes,
     /// H.
     pub hidden: usize,
     /// I.
@@ -124,7 +125,7 @@ impl PipelineShape {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         recipe: Recipe,
-        mma: Mma,
+        routes: impl Into<Routes>,
         hidden: usize,
         intermediate: usize,
         num_experts: usize,
@@ -135,7 +136,7 @@ impl PipelineShape {
     ) -> Result<Self, UnfusedError> {
         let shape = Self {
             recipe,
-            mma,
+            routes: routes.into(),
             hidden,
             intermediate,
             num_experts,
@@ -169,15 +170,10 @@ impl PipelineShape {
         (self.pool_rows + MAX_TILE).next_multiple_of(POOL_ROW_ALIGN)
     }
 
-    /// Bytes per pool element: E4M3 for the FP8 route, BF16 for the BF16 route.
-    pub fn act_elem(&self) -> usize {
-        self.mma.act_elem()
-    }
-
-    /// Bytes of a pool's scale table for `k` channels: FP8 route `[k/128][sf_stride]` UE8M0; BF16
-    /// pools are widened and have none.
-    pub fn sf_bytes(&self, k: usize) -> usize {
-        match self.mma {
+    /// Bytes of the scale table of a pool of `k` channels that `mma` reads: FP8 route
+    /// `[k/128][sf_stride]` UE8M0; BF16 pools are widened and have none.
+    pub fn sf_bytes(&self, mma: Mma, k: usize) -> usize {
+        match mma {
             Mma::Fp8 => k / BLOCK_K * self.sf_stride(),
             Mma::Bf16 => 0,
         }
@@ -189,7 +185,7 @@ impl PipelineShape {
     /// row, ≈ 25 % of the dispatch on 2×H200, perf.md v33); BF16 pool, the E4M3 row and its `H/G`
     /// scales padded to 16 (half the NVLink bytes of the widened row). One rank has no peers: 0.
     pub fn staged_row_bytes(&self) -> usize {
-        match self.mma {
+        match self.routes.l1 {
             _ if self.num_ranks == 1 => 0,
             Mma::Fp8 => (self.hidden / BLOCK_K).next_multiple_of(16),
             Mma::Bf16 => self.hidden + (self.hidden / self.recipe.group()).next_multiple_of(16),
@@ -208,8 +204,8 @@ impl PipelineShape {
             end = offset + bytes;
             PeerRegion { offset, bytes }
         };
-        let l1_act = region(self.pool_rows * self.hidden * self.act_elem());
-        let l1_sf = region(self.sf_bytes(self.hidden));
+        let l1_act = region(self.pool_rows * self.hidden * self.routes.l1.act_elem());
+        let l1_sf = region(self.sf_bytes(self.routes.l1, self.hidden));
         let l1_staged = region(self.pool_rows * self.staged_row_bytes());
         let meta = region(self.pool_rows * size_of::<RowMeta>());
         let combine = region(self.top_k * self.max_tokens * self.hidden * size_of::<u16>());
@@ -232,10 +228,10 @@ impl PipelineShape {
                 detail,
             })
         };
-        if !self.mma.supports(self.recipe) {
+        if !self.routes.supports(self.recipe) {
             return bad(format!(
-                "the {} tensor-core route does not compute {}: it promotes once per 128 channels",
-                self.mma, self.recipe
+                "the {} tensor-core route does not compute {}: FP8 promotes once per 128 channels",
+                self.routes, self.recipe
             ));
         }
         if self.hidden == 0 || !self.hidden.is_multiple_of(BLOCK_K) {
@@ -524,10 +520,11 @@ const _: () = {
     assert!(size_of::<CombineReduceParams>() == 64);
 };
 
-/// The glue kernels' specialization for `recipe`'s activation group and `mma`'s pool format.
-pub fn glue_spec(recipe: Recipe, mma: Mma) -> KernelSpec {
+/// The glue kernels' specialization for `recipe`'s activation group and the pool formats of
+/// `routes`.
+pub fn glue_spec(recipe: Recipe, routes: Routes) -> KernelSpec {
     KernelSpec::new(
-        format!("megamoe-kernel/sm90_unfused/{recipe}/{mma}"),
+        format!("megamoe-kernel/sm90_unfused/{recipe}/{routes}"),
         UNFUSED_SOURCE,
     )
     .header(fp_formats::CUDA_HEADER)
@@ -535,22 +532,24 @@ pub fn glue_spec(recipe: Recipe, mma: Mma) -> KernelSpec {
     .header(crate::pool_order::CUDA_HEADER)
     .headers(barriers::CUDA_HEADERS)
     .define("UF_G", recipe.group())
-    .define("UF_FP8_POOL", u8::from(mma == Mma::Fp8))
+    .define("UF_L1_FP8_POOL", u8::from(routes.l1 == Mma::Fp8))
+    .define("UF_L2_FP8_POOL", u8::from(routes.l2 == Mma::Fp8))
     .no_spill()
 }
 
 /// Every glue specialization, for `cargo xtask kernels`.
 pub fn kernels() -> Vec<KernelSpec> {
     [
-        (Recipe::G128, Mma::Fp8),
-        (Recipe::G128, Mma::Bf16),
-        (Recipe::Mx32, Mma::Bf16),
+        (Recipe::G128, Routes::both(Mma::Fp8)),
+        (Recipe::G128, Routes::EXACT_L1),
+        (Recipe::G128, Routes::EXACT),
+        (Recipe::Mx32, Routes::EXACT),
     ]
-    .map(|(recipe, mma)| glue_spec(recipe, mma))
+    .map(|(recipe, routes)| glue_spec(recipe, routes))
     .to_vec()
 }
 
-/// The glue kernels of one (recipe, route), loaded on one GPU.
+/// The glue kernels of one (recipe, routes), loaded on one GPU.
 pub struct GlueKernels {
     pub recipe: Recipe,
     silu_table: Kernel,
@@ -563,9 +562,9 @@ pub struct GlueKernels {
 }
 
 impl GlueKernels {
-    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe, mma: Mma) -> Result<Self, UnfusedError> {
+    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe, routes: Routes) -> Result<Self, UnfusedError> {
         let arch = gpu.info().arch().unwrap_or(Arch::Sm90a);
-        let compiled = jit.compile(&glue_spec(recipe, mma), arch)?;
+        let compiled = jit.compile(&glue_spec(recipe, routes), arch)?;
         let module = gpu.load_module(&compiled.cubin)?;
         Ok(Self {
             recipe,
@@ -760,8 +759,8 @@ pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
     glue: GlueKernels,
-    /// GEMM cores by (tokens per tile, fold), compiled on first use.
-    cores: HashMap<(usize, Fold), GemmCore>,
+    /// GEMM cores by (route, tokens per tile, fold), compiled on first use.
+    cores: HashMap<(Mma, usize, Fold), GemmCore>,
     w1: DeviceWeights,
     w2: DeviceWeights,
     /// Where the L1 pool, its scales, the RowMeta `[pool_rows]` and the combine buffer lie in
@@ -815,13 +814,14 @@ impl Pipeline {
         shape.validate()?;
         let el = shape.experts_per_rank();
         let (h, i) = (shape.hidden, shape.intermediate);
-        for (name, w, n, k) in [("w1", w1, 2 * i, h), ("w2", w2, h, i)] {
-            if w.mma != shape.mma || w.num_experts != el || w.n != n || w.k != k {
+        let routes = shape.routes;
+        for (name, w, mma, n, k) in [("w1", w1, routes.l1, 2 * i, h), ("w2", w2, routes.l2, h, i)] {
+            if w.mma != mma || w.num_experts != el || w.n != n || w.k != k {
                 return Err(UnfusedError::Shape {
                     what: name,
                     detail: format!(
-                        "transformed for {} with {} experts of {}×{}, the pipeline needs {} with {el} of {n}×{k}",
-                        w.mma, w.num_experts, w.n, w.k, shape.mma
+                        "transformed for {} with {} experts of {}×{}, the pipeline needs {mma} with {el} of {n}×{k}",
+                        w.mma, w.num_experts, w.n, w.k
                     ),
                 });
             }
@@ -836,8 +836,7 @@ impl Pipeline {
         let table = layout.peer_table(peer_bases, shape.num_ranks)?;
         let view = SymmBuffer::new(rank as u32, peer_bases)?;
         let rows = shape.pool_rows;
-        let elem = shape.act_elem();
-        let glue = GlueKernels::new(gpu, jit, shape.recipe, shape.mma)?;
+        let glue = GlueKernels::new(gpu, jit, shape.recipe, routes)?;
         let mut silu = gpu.alloc_zeros::<f32>(BF16_VALUES)?;
         // SAFETY: one thread per entry of the 65536-entry table.
         unsafe {
@@ -865,8 +864,8 @@ impl Pipeline {
             staged_rows: false,
             l1_out: poisoned(gpu, rows * 2 * i)?,
             silu,
-            l2_act: poisoned(gpu, rows * i * elem)?,
-            l2_sf: poisoned(gpu, shape.sf_bytes(i))?,
+            l2_act: poisoned(gpu, rows * i * routes.l2.act_elem())?,
+            l2_sf: poisoned(gpu, shape.sf_bytes(routes.l2, i))?,
             l2_out: poisoned(gpu, rows * h)?,
             y: poisoned(gpu, shape.max_tokens * h)?,
             inputs: None,
@@ -1106,42 +1105,47 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Compiles, once, the GEMM core for `bn`-token tiles and the layer's weights (w1 and w2 may
-    /// fold differently); returns its key in `cores`.
+    /// The route of the L1 (`second` false) or the L2 GEMM.
+    fn layer_mma(&self, second: bool) -> Mma {
+        if second {
+            self.shape.routes.l2
+        } else {
+            self.shape.routes.l1
+        }
+    }
+
+    /// Compiles, once, the L1 or L2 GEMM core for this forward's token tile and the layer's weights
+    /// (w1 and w2 may fold differently, and take their own routes); returns its key in `cores`.
     fn core(
         &mut self,
         gpu: &Gpu,
         jit: &Jit,
-        bn: usize,
-        layer_is_l1: bool,
-    ) -> Result<(usize, Fold), UnfusedError> {
-        let fold = if layer_is_l1 {
-            self.w1.fold
-        } else {
-            self.w2.fold
-        };
-        if let Entry::Vacant(slot) = self.cores.entry((bn, fold)) {
-            let plan = TilePlan::new(self.shape.mma, bn)?.with_fold(fold);
+        second: bool,
+    ) -> Result<(Mma, usize, Fold), UnfusedError> {
+        let mma = self.layer_mma(second);
+        let bn = self.tokens_per_tile(mma);
+        let fold = if second { self.w2.fold } else { self.w1.fold };
+        if let Entry::Vacant(slot) = self.cores.entry((mma, bn, fold)) {
+            let plan = TilePlan::new(mma, bn)?.with_fold(fold);
             slot.insert(GemmCore::new(gpu, jit, plan)?);
         }
-        Ok((bn, fold))
+        Ok((mma, bn, fold))
     }
 
     /// Compiles (once) the GEMM cores this forward's plan needs. Called before the stages are
     /// queued, so that no rank compiles while a peer waits for it at a barrier.
     pub fn prepare_gemms(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
         if self.plan.as_ref().is_some_and(|p| p.rows > 0) {
-            let bn = self.tokens_per_tile();
-            self.core(gpu, jit, bn, true)?;
-            self.core(gpu, jit, bn, false)?;
+            self.core(gpu, jit, false)?;
+            self.core(gpu, jit, true)?;
         }
         Ok(())
     }
 
-    /// The GEMM's token tile for this forward's pool.
-    pub fn tokens_per_tile(&self) -> usize {
+    /// The token tile of a GEMM through `mma` for this forward's pool.
+    pub fn tokens_per_tile(&self, mma: Mma) -> usize {
         TilePlan::tokens_per_tile_for(
-            self.shape.mma,
+            mma,
             self.plan
                 .as_ref()
                 .map_or(0.0, PoolPlan::avg_rows_of_hit_experts),
@@ -1153,8 +1157,8 @@ impl Pipeline {
         if plan.rows == 0 {
             return Ok(());
         }
-        let bn = self.tokens_per_tile();
-        let key = self.core(gpu, jit, bn, !second)?;
+        let key = self.core(gpu, jit, second)?;
+        let mma = key.0;
         let plan = self.plan.as_ref().expect("plan");
         let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
         let (act, sf, weights, out) = if second {
@@ -1178,7 +1182,7 @@ impl Pipeline {
         };
         let pool = Pool {
             act,
-            act_sf: (self.shape.mma == Mma::Fp8).then_some(sf),
+            act_sf: (mma == Mma::Fp8).then_some(sf),
             sf_stride: self.shape.sf_stride(),
             rows: plan.rows,
             expert_offset: &plan.expert_offset,
@@ -1224,7 +1228,7 @@ impl Pipeline {
             pad: 0,
         };
         // FP8: a thread per row; BF16: a CTA per row, as the dispatch.
-        let config = match s.mma {
+        let config = match s.routes.l1 {
             Mma::Fp8 => LaunchConfig::new(
                 [rows.div_ceil(THREADS as usize) as u32, 1, 1],
                 [THREADS, 1, 1],
@@ -1563,9 +1567,10 @@ mod tests {
     fn layout_shapes() -> Vec<PipelineShape> {
         let mut shapes = Vec::new();
         for (recipe, mma) in [
-            (Recipe::G128, Mma::Fp8),
-            (Recipe::G128, Mma::Bf16),
-            (Recipe::Mx32, Mma::Bf16),
+            (Recipe::G128, Routes::both(Mma::Fp8)),
+            (Recipe::G128, Routes::EXACT_L1),
+            (Recipe::G128, Routes::EXACT),
+            (Recipe::Mx32, Routes::EXACT),
         ] {
             for (h, i, e, k, r, t) in [
                 (256, 128, 8, 2, 2, 7),
@@ -1590,12 +1595,12 @@ mod tests {
             let regions = layout.regions();
             let (h, rows) = (s.hidden, s.pool_rows);
             let want = [
-                rows * h * s.act_elem(),
-                match s.mma {
+                rows * h * s.routes.l1.act_elem(),
+                match s.routes.l1 {
                     Mma::Fp8 => h / 128 * s.sf_stride(),
                     Mma::Bf16 => 0,
                 },
-                match s.mma {
+                match s.routes.l1 {
                     _ if s.num_ranks == 1 => 0,
                     Mma::Fp8 => rows * (h / 128).next_multiple_of(16),
                     Mma::Bf16 => rows * (h + (h / s.recipe.group()).next_multiple_of(16)),

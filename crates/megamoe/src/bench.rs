@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use megamoe_kernel::Mma;
+use megamoe_kernel::Routes;
 use megamoe_kernel::problem::ExpertWeights;
 use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
@@ -28,8 +28,8 @@ use crate::{Config, RankInputs, RankWeights, Recipe};
 pub struct BenchOptions {
     pub config: Config,
     pub tokens: Vec<usize>,
-    /// (recipe, GEMM tensor-core route) pairs.
-    pub routes: Vec<(Recipe, Mma)>,
+    /// (recipe, the GEMMs' tensor-core routes) pairs.
+    pub routes: Vec<(Recipe, Routes)>,
     /// Timed forwards per point (after one warm-up).
     pub reps: usize,
 }
@@ -39,7 +39,7 @@ pub struct BenchOptions {
 pub struct BenchRow {
     pub recipe: Recipe,
     #[serde(serialize_with = "serialize_display")]
-    pub mma: Mma,
+    pub routes: Routes,
     pub ranks: usize,
     pub tokens_per_rank: usize,
     /// Routed (token, slot) pairs of rank 0.
@@ -73,13 +73,13 @@ pub fn run(
     let weights: Vec<RankWeights> = (0..ranks)
         .map(|r| random_weights(&opts.config, r))
         .collect();
-    rows(opts, progress, |config, mma| {
+    rows(opts, progress, |config, routes| {
         let mut inputs: Vec<Vec<RankInputs>> =
             (0..ranks).map(|r| point_inputs(opts, config, r)).collect();
         // Every rank times every point; rank 0's times are reported (ranks meet at barriers).
         let mut times = run_local(ranks, |world| {
             let me = world.rank();
-            time_points(world, config, mma, opts, &weights[me], &inputs[me])
+            time_points(world, config, routes, opts, &weights[me], &inputs[me])
         })?;
         Ok((inputs.swap_remove(0), times.swap_remove(0)))
     })
@@ -94,27 +94,27 @@ pub fn run_rank(
 ) -> Result<Vec<BenchRow>, CudaError> {
     let me = world.rank();
     let weights = random_weights(&opts.config, me);
-    rows(opts, progress, |config, mma| {
+    rows(opts, progress, |config, routes| {
         let inputs = point_inputs(opts, config, me);
-        let times = time_points(world, config, mma, opts, &weights, &inputs)?;
+        let times = time_points(world, config, routes, opts, &weights, &inputs)?;
         Ok((inputs, times))
     })
 }
 
-/// Every route's rows from `time(config, mma)`: one rank's inputs and times, `[point]` and
+/// Every route's rows from `time(config, routes)`: one rank's inputs and times, `[point]` and
 /// `[point][rep]`.
 #[allow(clippy::type_complexity)]
 fn rows(
     opts: &BenchOptions,
     mut progress: impl FnMut(&BenchRow),
-    mut time: impl FnMut(&Config, Mma) -> Result<(Vec<RankInputs>, Vec<Vec<StageTimes>>), CudaError>,
+    mut time: impl FnMut(&Config, Routes) -> Result<(Vec<RankInputs>, Vec<Vec<StageTimes>>), CudaError>,
 ) -> Result<Vec<BenchRow>, CudaError> {
     let mut rows = Vec::new();
-    for &(recipe, mma) in &opts.routes {
+    for &(recipe, routes) in &opts.routes {
         let config = opts.config.with_recipe(recipe);
-        let (inputs, times) = time(&config, mma)?;
+        let (inputs, times) = time(&config, routes)?;
         for (point, runs) in inputs.iter().zip(&times) {
-            let row = summarize(&config, mma, point, runs);
+            let row = summarize(&config, routes, point, runs);
             progress(&row);
             rows.push(row);
         }
@@ -160,13 +160,13 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
 fn time_points(
     world: &World,
     config: &Config,
-    mma: Mma,
+    routes: Routes,
     opts: &BenchOptions,
     weights: &RankWeights,
     inputs: &[RankInputs],
 ) -> Result<Vec<Vec<StageTimes>>, CudaError> {
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
-    let mut rank = CudaRank::new(world, config, max_tokens, mma, weights)?;
+    let mut rank = CudaRank::new(world, config, max_tokens, routes, weights)?;
     inputs
         .iter()
         .map(|point| {
@@ -176,11 +176,16 @@ fn time_points(
         .collect()
 }
 
-fn serialize_display<S: serde::Serializer>(v: &Mma, s: S) -> Result<S::Ok, S::Error> {
+fn serialize_display<S: serde::Serializer>(v: &Routes, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 
-fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]) -> BenchRow {
+fn summarize(
+    config: &Config,
+    routes: Routes,
+    inputs: &RankInputs,
+    runs: &[StageTimes],
+) -> BenchRow {
     let median = |f: &dyn Fn(&StageTimes) -> Duration| {
         let mut v: Vec<Duration> = runs.iter().map(f).collect();
         v.sort();
@@ -229,7 +234,7 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
         .collect();
     BenchRow {
         recipe: config.recipe,
-        mma,
+        routes,
         ranks: config.num_ranks,
         tokens_per_rank: inputs.tokens,
         pairs,
@@ -251,7 +256,7 @@ fn summarize(config: &Config, mma: Mma, inputs: &RankInputs, runs: &[StageTimes]
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route      R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | kernel shares";
+    pub const HEADER: &str = "route          R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | kernel shares";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -263,8 +268,8 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<9} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
-            format!("{}/{}", self.recipe, self.mma),
+            "{:<13} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            format!("{}/{}", self.recipe, self.routes),
             self.ranks,
             self.tokens_per_rank,
             self.pairs,

@@ -28,7 +28,7 @@ use cuda_rt::timing::EventTrail;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
 use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
-use megamoe_kernel::{Mma, transform_weights};
+use megamoe_kernel::{Routes, transform_weights};
 use symm_mem::world::RankOutput;
 use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 
@@ -160,15 +160,15 @@ impl std::fmt::Display for StageTimes {
     }
 }
 
-/// The pipeline's shape for `config` with `max_tokens` tokens per rank, GEMMs through `mma`.
+/// The pipeline's shape for `config` with `max_tokens` tokens per rank, GEMMs through `routes`.
 pub fn pipeline_shape(
     config: &Config,
     max_tokens: usize,
-    mma: Mma,
+    routes: impl Into<Routes>,
 ) -> Result<PipelineShape, CudaError> {
     Ok(PipelineShape::new(
         config.recipe,
-        mma,
+        routes,
         config.hidden,
         config.intermediate,
         config.num_experts,
@@ -197,20 +197,21 @@ pub struct CudaRank<'w> {
 }
 
 impl<'w> CudaRank<'w> {
-    /// Collective: transforms and uploads this rank's `weights` for the `mma` route, and allocates
+    /// Collective: transforms and uploads this rank's `weights` for the GEMMs' `routes` (an
+    /// [`megamoe_kernel::Mma`] for both, or [`Routes`]), and allocates
     /// the symmetric buffer and the pools for `max_tokens` tokens per rank (every rank passes the
     /// same).
     pub fn new(
         world: &'w World,
         config: &Config,
         max_tokens: usize,
-        mma: Mma,
+        routes: impl Into<Routes>,
         weights: &RankWeights,
     ) -> Result<Self, CudaError> {
         Self::with_shape(
             world,
             config,
-            pipeline_shape(config, max_tokens, mma)?,
+            pipeline_shape(config, max_tokens, routes)?,
             weights,
         )
     }
@@ -235,8 +236,9 @@ impl<'w> CudaRank<'w> {
             config.intermediate,
             config.experts_per_rank(),
         );
-        let w1 = transform_weights(shape.mma, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
-        let w2 = transform_weights(shape.mma, &weights.w2, &weights.w2_sf, el, h, i)?;
+        let routes = shape.routes;
+        let w1 = transform_weights(routes.l1, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
+        let w2 = transform_weights(routes.l2, &weights.w2, &weights.w2_sf, el, h, i)?;
         let gpu = world.local_gpu();
         let jit = Jit::new()?;
         let symm = world.alloc_symmetric(shape.peer_layout().bytes)?;
@@ -406,12 +408,12 @@ pub fn agree_max_tokens(world: &World, tokens: usize) -> Result<usize, CudaError
 pub fn forward_rank(
     world: &World,
     config: &Config,
-    mma: Mma,
+    routes: impl Into<Routes>,
     weights: &RankWeights,
     inputs: &RankInputs,
 ) -> Result<(Vec<bf16>, StageTimes), CudaError> {
     let max_tokens = agree_max_tokens(world, inputs.tokens)?;
-    CudaRank::new(world, config, max_tokens, mma, weights)?.forward(inputs)
+    CudaRank::new(world, config, max_tokens, routes, weights)?.forward(inputs)
 }
 
 /// What one rank of [`run_dir_rank`] did.
@@ -424,14 +426,14 @@ pub struct RankRun {
 }
 
 /// Collective, one rank of a run of the problem directory `dir`: reads `config.json` and only this
-/// rank's weights and inputs, runs the forward (GEMMs through `mma`) with the other ranks and writes
-/// `y.rank{r}`.
-pub fn run_dir_rank(world: &World, dir: &Path, mma: Mma) -> Result<RankRun, CudaError> {
+/// rank's weights and inputs, runs the forward (GEMMs through `routes`) with the other ranks and
+/// writes `y.rank{r}`.
+pub fn run_dir_rank(world: &World, dir: &Path, routes: Routes) -> Result<RankRun, CudaError> {
     let rank = world.rank();
     let config = files::read_config(dir)?;
     let weights = files::read_weights(dir, &config, rank)?;
     let inputs = files::read_inputs(dir, &config, rank)?;
-    let (y, times) = forward_rank(world, &config, mma, &weights, &inputs)?;
+    let (y, times) = forward_rank(world, &config, routes, &weights, &inputs)?;
     let output = files::Output {
         tokens: inputs.tokens,
         hidden: config.hidden,
@@ -535,9 +537,10 @@ pub fn spawn_rank_processes(
     }
 }
 
-/// The whole problem on `problem.config.num_ranks` local GPUs, GEMMs through `mma`: y of every rank.
-pub fn forward(problem: &Problem, mma: Mma) -> Result<Vec<Vec<bf16>>, CudaError> {
-    Ok(forward_timed(problem, mma)?
+/// The whole problem on `problem.config.num_ranks` local GPUs, GEMMs through `routes`: y of every
+/// rank.
+pub fn forward(problem: &Problem, routes: impl Into<Routes>) -> Result<Vec<Vec<bf16>>, CudaError> {
+    Ok(forward_timed(problem, routes)?
         .into_iter()
         .map(|(y, _)| y)
         .collect())
@@ -546,14 +549,15 @@ pub fn forward(problem: &Problem, mma: Mma) -> Result<Vec<Vec<bf16>>, CudaError>
 /// [`forward`] with each rank's stage times.
 pub fn forward_timed(
     problem: &Problem,
-    mma: Mma,
+    routes: impl Into<Routes>,
 ) -> Result<Vec<(Vec<bf16>, StageTimes)>, CudaError> {
+    let routes = routes.into();
     problem.validate()?;
     let config = &problem.config;
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     run_local(config.num_ranks, |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, config, max_tokens, mma, &problem.weights[r])?;
+        let mut rank = CudaRank::new(world, config, max_tokens, routes, &problem.weights[r])?;
         rank.forward(&problem.inputs[r])
     })
 }
@@ -575,7 +579,7 @@ mod tests {
             seed: 1,
             mask_fraction: 0.0,
         });
-        let err = forward(&problem, Mma::EXACT).expect_err("no machine here has 64 GPUs");
+        let err = forward(&problem, Routes::EXACT).expect_err("no machine here has 64 GPUs");
         // No GPU: a driver error; fewer than 64: NotEnoughGpus.
         assert!(!err.to_string().is_empty());
         if let CudaError::NotEnoughGpus { need, .. } = err {

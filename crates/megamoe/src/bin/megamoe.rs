@@ -15,7 +15,7 @@ use megamoe::files::{self, Output};
 use megamoe::generate::{self, GenOptions};
 use megamoe::reference::Forward;
 use megamoe::{Config, Recipe};
-use megamoe_kernel::Mma;
+use megamoe_kernel::Routes;
 use megamoe_kernel::gemm::parse_route;
 use moe_sched::{Plan, PlanConfig};
 use std::ffi::OsString;
@@ -46,10 +46,11 @@ enum Command {
         /// cuda: the ranks as threads of this process, or one process per rank.
         #[arg(long, value_enum, default_value_t = WorldKind::Local)]
         world: WorldKind,
-        /// cuda: the GEMMs' tensor-core route. `bf16` is exact for both recipes; `fp8` (g128 only)
-        /// is faster but accumulates with Hopper's FP8 tensor core (calc_diff ≈ 1–3e-5 on V4 shapes).
-        #[arg(long, default_value_t = Mma::EXACT)]
-        mma: Mma,
+        /// cuda: the GEMMs' tensor-core routes. `bf16` is exact for both recipes; `fp8` (g128 only)
+        /// is faster but accumulates with Hopper's FP8 tensor core (calc_diff ≈ 1–3e-5 on V4
+        /// shapes); `bf16-fp8` (g128 only) keeps the L1 exact and runs the L2 through FP8.
+        #[arg(long, default_value_t = Routes::EXACT)]
+        mma: Routes,
         /// cpu-dataflow: GEMM worker threads per rank.
         #[arg(long, default_value_t = EngineOptions::default().workers_per_rank)]
         workers: usize,
@@ -87,9 +88,10 @@ struct BenchArgs {
     /// Tokens per rank, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,128,8192")]
     tokens: Vec<usize>,
-    /// `recipe/route` pairs: g128/fp8 (fast), g128/bf16 and mx32/bf16 (exact).
-    #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route)]
-    routes: Vec<(Recipe, Mma)>,
+    /// `recipe/route` pairs: g128/fp8 (fast), g128/bf16-fp8 (exact L1, FP8 L2), g128/bf16 and
+    /// mx32/bf16 (exact).
+    #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route::<Routes>)]
+    routes: Vec<(Recipe, Routes)>,
     /// Timed forwards per point, after one warm-up.
     #[arg(long, default_value_t = 10)]
     reps: usize,
@@ -376,7 +378,7 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cuda(dir: &Path, world: WorldKind, mma: Mma) -> anyhow::Result<()> {
+fn run_cuda(dir: &Path, world: WorldKind, mma: Routes) -> anyhow::Result<()> {
     let start = Instant::now();
     // Refused before any GPU work, on any machine.
     let config = files::read_config(dir)?;
