@@ -1556,6 +1556,11 @@ mod tests {
         assert!(PipelineShape::new(Recipe::G128, Mma::Fp8, 256, 128, 8, 0, 2, 7, None).is_err());
         // FP8 promotes once per 128 channels: it cannot compute mx32.
         assert!(PipelineShape::new(Recipe::Mx32, Mma::Fp8, 256, 128, 8, 2, 2, 7, None).is_err());
+        // An FP8 L2 needs the L2 pool's scales per 128 channels as well.
+        let err = PipelineShape::new(Recipe::Mx32, Routes::EXACT_L1, 256, 128, 8, 2, 2, 7, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bf16-fp8") && err.contains("mx32"), "{err}");
         assert!(PipelineShape::new(Recipe::G128, Mma::Bf16, 256, 128, 8, 2, 2, 7, None).is_ok());
         // T = 0 still has valid (empty) pools.
         let empty =
