@@ -259,19 +259,23 @@ fn process_world_refusals() {
     let dir = temp("process-world");
     let out = megamoe(&["gen", s(&dir), "--ranks", "2", "--tokens", "4"]);
     assert!(out.status.success(), "{}", text(&out));
-    // The default recipe is mx32: the FP8 route is refused before any GPU is touched.
-    let out = megamoe(&["run", s(&dir), "--backend", "cuda", "--mma", "fp8"]);
-    assert!(
-        !out.status.success() && text(&out).contains("cannot run the mx32 recipe"),
-        "{}",
-        text(&out)
-    );
-    let out = megamoe(&["bench", "--routes", "mx32/fp8"]);
-    assert!(
-        !out.status.success() && text(&out).contains("does not compute mx32"),
-        "{}",
-        text(&out)
-    );
+    // The default recipe is mx32: an FP8 GEMM (either layer) is refused before any GPU is touched.
+    for mma in ["fp8", "bf16-fp8"] {
+        let out = megamoe(&["run", s(&dir), "--backend", "cuda", "--mma", mma]);
+        assert!(
+            !out.status.success() && text(&out).contains("cannot run the mx32 recipe"),
+            "{mma}: {}",
+            text(&out)
+        );
+    }
+    for routes in ["mx32/fp8", "mx32/bf16-fp8"] {
+        let out = megamoe(&["bench", "--routes", routes]);
+        assert!(
+            !out.status.success() && text(&out).contains("does not compute mx32"),
+            "{routes}: {}",
+            text(&out)
+        );
+    }
     let out = megamoe(&["run", s(&dir), "--backend", "cpu", "--world", "process"]);
     assert!(
         !out.status.success() && text(&out).contains("--world process is for the cuda backend"),
