@@ -52,14 +52,16 @@ impl Mma {
     }
 }
 
-/// What a route computes: [`Mma`] (one GEMM) and [`Routes`] (the pipeline's two).
+/// A tensor-core route that `parse_route` reads: [`Mma`] (one GEMM) or [`Routes`] (the
+/// pipeline's two).
 pub trait Route: Copy + std::fmt::Display + std::str::FromStr<Err = String> {
-    fn computes(self, recipe: Recipe) -> bool;
+    /// Whether the route computes `recipe`.
+    fn supports(self, recipe: Recipe) -> bool;
 }
 
 impl Route for Mma {
-    fn computes(self, recipe: Recipe) -> bool {
-        self.supports(recipe)
+    fn supports(self, recipe: Recipe) -> bool {
+        Mma::supports(self, recipe)
     }
 }
 
@@ -70,7 +72,7 @@ pub fn parse_route<R: Route>(s: &str) -> Result<(Recipe, R), String> {
         .split_once('/')
         .ok_or_else(|| format!("`{s}` is not recipe/route, e.g. g128/fp8"))?;
     let (recipe, route): (Recipe, R) = (recipe.parse()?, route.parse()?);
-    if !route.computes(recipe) {
+    if !route.supports(recipe) {
         return Err(format!("the {route} route does not compute {recipe}"));
     }
     Ok((recipe, route))
@@ -99,10 +101,6 @@ impl Routes {
     pub const fn both(mma: Mma) -> Routes {
         Routes { l1: mma, l2: mma }
     }
-
-    pub fn supports(self, recipe: Recipe) -> bool {
-        self.l1.supports(recipe) && self.l2.supports(recipe)
-    }
 }
 
 impl From<Mma> for Routes {
@@ -112,8 +110,8 @@ impl From<Mma> for Routes {
 }
 
 impl Route for Routes {
-    fn computes(self, recipe: Recipe) -> bool {
-        self.supports(recipe)
+    fn supports(self, recipe: Recipe) -> bool {
+        self.l1.supports(recipe) && self.l2.supports(recipe)
     }
 }
 

@@ -35,7 +35,8 @@ use fp_formats::Recipe;
 use symm_mem::SymmBuffer;
 
 use crate::gemm::{
-    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Routes, TOKEN_TILES, TilePlan,
+    DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Route, Routes, TOKEN_TILES,
+    TilePlan,
 };
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::Fold;

@@ -198,12 +198,18 @@ fn sweep_rank(
     what: &str,
     world: &World,
     problem: &Problem,
-    mma: Routes,
+    routes: Routes,
     cases: &[Vec<RankInputs>],
 ) -> Result<(Vec<Vec<bf16>>, bool), CudaError> {
     let r = world.rank();
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
-    let mut rank = CudaRank::new(world, &problem.config, max_tokens, mma, &problem.weights[r])?;
+    let mut rank = CudaRank::new(
+        world,
+        &problem.config,
+        max_tokens,
+        routes,
+        &problem.weights[r],
+    )?;
     let mut ys = Vec::new();
     for inputs in cases {
         rank.poison()?;
@@ -222,11 +228,11 @@ fn sweep_rank(
 /// Builds one pipeline per rank for `problem` (T_max = its largest T) and runs, on the same
 /// pipelines, a forward of the first `t` tokens of every rank for each `t` in `token_counts`
 /// (clamped to each rank's T), checking each against the reference.
-fn run_sweep(what: &str, problem: &Problem, mma: Routes, token_counts: &[usize]) {
+fn run_sweep(what: &str, problem: &Problem, routes: Routes, token_counts: &[usize]) {
     let config = &problem.config;
     let cases = cases(problem, token_counts);
     let got = run_local(config.num_ranks, |world| {
-        sweep_rank(what, world, problem, mma, &cases)
+        sweep_rank(what, world, problem, routes, &cases)
     })
     .unwrap_or_else(|e| panic!("{what}: the cuda backend failed: {e:?}"));
     for (c, inputs) in cases.iter().enumerate() {
@@ -240,7 +246,7 @@ fn run_sweep(what: &str, problem: &Problem, mma: Routes, token_counts: &[usize])
                 !vmm,
                 "{what}: rank {r}: a local world's buffer is plain device memory"
             );
-            compare_rank(&label, config, r, &inputs[r], &ys[c], &want[r], tol(mma));
+            compare_rank(&label, config, r, &inputs[r], &ys[c], &want[r], tol(routes));
         }
     }
 }
@@ -262,9 +268,9 @@ fn run_sweep_processes(
         let r = world.rank();
         let swept: Vec<_> = problems
             .iter()
-            .map(|(what, problem, mma)| {
+            .map(|(what, problem, routes)| {
                 let cases = cases(problem, token_counts);
-                let (ys, vmm) = sweep_rank(what, &world, problem, *mma, &cases)
+                let (ys, vmm) = sweep_rank(what, &world, problem, *routes, &cases)
                     .unwrap_or_else(|e| panic!("{what}: rank {r}: the cuda backend failed: {e}"));
                 assert!(
                     vmm,
@@ -274,7 +280,7 @@ fn run_sweep_processes(
             })
             .collect();
         world.barrier().expect("every rank done");
-        for ((what, problem, mma), (cases, ys)) in problems.iter().zip(swept) {
+        for ((what, problem, routes), (cases, ys)) in problems.iter().zip(swept) {
             let config = &problem.config;
             for (inputs, y) in cases.iter().zip(&ys) {
                 let want = reference::forward(config, &problem.weights, inputs).expect("reference");
@@ -282,7 +288,7 @@ fn run_sweep_processes(
                     "{what}, T = {:?}",
                     inputs.iter().map(|x| x.tokens).collect::<Vec<_>>()
                 );
-                compare_rank(&label, config, r, &inputs[r], y, &want[r], tol(*mma));
+                compare_rank(&label, config, r, &inputs[r], y, &want[r], tol(*routes));
             }
         }
         return;
@@ -309,7 +315,7 @@ fn run_sweep_processes(
 /// take minutes: every output must be written, and every `stride`-th token (and the last) is checked
 /// against the reference of those tokens alone — each token's y depends only on its own routes, so
 /// that is the same as the full reference restricted to them.
-fn run_sampled(what: &str, problem: &Problem, mma: Routes, t: usize, stride: usize) {
+fn run_sampled(what: &str, problem: &Problem, routes: Routes, t: usize, stride: usize) {
     let config = &problem.config;
     let inputs: Vec<RankInputs> = problem
         .inputs
@@ -318,7 +324,7 @@ fn run_sampled(what: &str, problem: &Problem, mma: Routes, t: usize, stride: usi
         .collect();
     let got = run_local(config.num_ranks, |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, config, t, mma, &problem.weights[r])?;
+        let mut rank = CudaRank::new(world, config, t, routes, &problem.weights[r])?;
         rank.poison()?;
         world.barrier()?;
         let (y, times) = rank.forward(&inputs[r])?;
@@ -352,7 +358,15 @@ fn run_sampled(what: &str, problem: &Problem, mma: Routes, t: usize, stride: usi
             "{label}: rank {r}: {unwritten} outputs NaN or unwritten"
         );
         let sub: Vec<bf16> = p.iter().flat_map(|&t| y[t * h..][..h].to_vec()).collect();
-        compare_rank(&label, config, r, &sub_inputs[r], &sub, &want[r], tol(mma));
+        compare_rank(
+            &label,
+            config,
+            r,
+            &sub_inputs[r],
+            &sub,
+            &want[r],
+            tol(routes),
+        );
     }
 }
 
@@ -373,13 +387,13 @@ fn v4_pro_shape(experts: usize) -> Config {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tiny_one_gpu_token_sweep_every_route() {
-    for (recipe, mma) in ROUTES {
+    for (recipe, routes) in ROUTES {
         let config = Config::tiny().with_recipe(recipe);
         let p = problem(config, 128, 11, 0.25);
         run_sweep(
-            &format!("tiny {recipe}/{mma} R=1"),
+            &format!("tiny {recipe}/{routes} R=1"),
             &p,
-            mma,
+            routes,
             &[128, 7, 1, 0, 128],
         );
     }
@@ -390,14 +404,14 @@ fn tiny_one_gpu_token_sweep_every_route() {
 fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
     // 0.3 is no BF16 value: clamped gates then miss SwiGLU's SiLU table and take the direct path.
     for clamp in [0.5, 0.3] {
-        for (recipe, mma) in ROUTES {
+        for (recipe, routes) in ROUTES {
             let config = Config::tiny().with_recipe(recipe).with_clamp(Some(clamp));
             let mut p = problem(config, 128, 12, 0.1);
             skew(&mut p);
             run_sweep(
-                &format!("tiny skewed clamp {clamp} {recipe}/{mma} R=1"),
+                &format!("tiny skewed clamp {clamp} {recipe}/{routes} R=1"),
                 &p,
-                mma,
+                routes,
                 &[128, 7],
             );
         }
@@ -407,12 +421,12 @@ fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v4_flash_shape_one_gpu() {
-    for (recipe, mma) in ROUTES {
+    for (recipe, routes) in ROUTES {
         let p = problem(v4_flash_shape(16).with_recipe(recipe), 7, 13, 0.2);
         run_sweep(
-            &format!("v4-flash shape (16 experts) {recipe}/{mma} R=1"),
+            &format!("v4-flash shape (16 experts) {recipe}/{routes} R=1"),
             &p,
-            mma,
+            routes,
             &[7, 1],
         );
     }
@@ -421,12 +435,12 @@ fn v4_flash_shape_one_gpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v4_pro_shape_one_gpu() {
-    for (recipe, mma) in ROUTES {
+    for (recipe, routes) in ROUTES {
         let p = problem(v4_pro_shape(8).with_recipe(recipe), 7, 14, 0.1);
         run_sweep(
-            &format!("v4-pro shape (8 experts) {recipe}/{mma} R=1"),
+            &format!("v4-pro shape (8 experts) {recipe}/{routes} R=1"),
             &p,
-            mma,
+            routes,
             &[7, 1],
         );
     }
@@ -444,10 +458,10 @@ fn large_t_every_preset_shape_one_and_two_gpus() {
                 ("v4-pro shape (8 experts)", v4_pro_shape(8)),
             ] {
                 let p = problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 41, 0.05);
-                for mma in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
+                for routes in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
                     for (t, stride) in [(1000, 37), (8192, 331)] {
-                        let what = format!("{name} {recipe}/{mma} R={ranks}");
-                        run_sampled(&what, &p, mma, t, stride);
+                        let what = format!("{name} {recipe}/{routes} R={ranks}");
+                        run_sampled(&what, &p, routes, t, stride);
                     }
                 }
             }
@@ -478,10 +492,10 @@ fn every_gpu_ep_world_v4_shapes() {
         ] {
             let mut p = problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 51, 0.05);
             skew(&mut p);
-            for mma in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
+            for routes in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
                 for (t, stride) in [(1, 1), (128, 9), (8192, 331)] {
-                    let what = format!("{name} {recipe}/{mma} EP{ranks}");
-                    run_sampled(&what, &p, mma, t, stride);
+                    let what = format!("{name} {recipe}/{routes} EP{ranks}");
+                    run_sampled(&what, &p, routes, t, stride);
                 }
             }
         }
@@ -506,16 +520,16 @@ fn every_gpu_ep_world_processes() {
     run_sweep_processes(TEST, ranks, &[128, 7, 1], || {
         ROUTES
             .into_iter()
-            .map(|(recipe, mma)| {
+            .map(|(recipe, routes)| {
                 let config = v4_flash_shape(8 * ranks)
                     .with_recipe(recipe)
                     .with_ranks(ranks);
                 let mut p = problem(config, 128, 52, 0.1);
                 skew(&mut p);
                 (
-                    format!("v4-flash shape {recipe}/{mma} EP{ranks} processes"),
+                    format!("v4-flash shape {recipe}/{routes} EP{ranks} processes"),
                     p,
-                    mma,
+                    routes,
                 )
             })
             .collect()
@@ -528,13 +542,13 @@ fn tiny_two_gpus_token_sweep_every_route() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    for (recipe, mma) in ROUTES {
+    for (recipe, routes) in ROUTES {
         let config = Config::tiny().with_recipe(recipe).with_ranks(2);
         let p = problem(config, 128, 21, 0.25);
         run_sweep(
-            &format!("tiny {recipe}/{mma} R=2"),
+            &format!("tiny {recipe}/{routes} R=2"),
             &p,
-            mma,
+            routes,
             &[128, 7, 1, 0],
         );
     }
@@ -546,7 +560,7 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    for (recipe, mma) in ROUTES {
+    for (recipe, routes) in ROUTES {
         let config = Config::tiny()
             .with_recipe(recipe)
             .with_ranks(2)
@@ -554,18 +568,18 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
         let mut p = problem(config, 128, 22, 0.1);
         skew(&mut p);
         run_sweep(
-            &format!("tiny skewed {recipe}/{mma} R=2"),
+            &format!("tiny skewed {recipe}/{routes} R=2"),
             &p,
-            mma,
+            routes,
             &[128, 7],
         );
         // Rank 0 without tokens: it only serves rank 1's tokens.
         let mut p = problem(config, 64, 23, 0.1);
         p.inputs[0] = truncate(&p.inputs[0], &config, 0);
         run_sweep(
-            &format!("tiny rank 0 empty {recipe}/{mma} R=2"),
+            &format!("tiny rank 0 empty {recipe}/{routes} R=2"),
             &p,
-            mma,
+            routes,
             &[64],
         );
     }
@@ -577,7 +591,7 @@ fn v4_pro_shape_two_gpus() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    for (recipe, mma) in ROUTES {
+    for (recipe, routes) in ROUTES {
         let p = problem(
             v4_pro_shape(8).with_recipe(recipe).with_ranks(2),
             7,
@@ -585,9 +599,9 @@ fn v4_pro_shape_two_gpus() {
             0.1,
         );
         run_sweep(
-            &format!("v4-pro shape (8 experts) {recipe}/{mma} R=2"),
+            &format!("v4-pro shape (8 experts) {recipe}/{routes} R=2"),
             &p,
-            mma,
+            routes,
             &[7, 1],
         );
     }
@@ -599,11 +613,15 @@ fn tiny_two_processes_every_route() {
     run_sweep_processes("tiny_two_processes_every_route", 2, &[128, 7, 1, 0], || {
         ROUTES
             .into_iter()
-            .map(|(recipe, mma)| {
+            .map(|(recipe, routes)| {
                 let config = Config::tiny().with_recipe(recipe).with_ranks(2);
                 let mut p = problem(config, 128, 41, 0.25);
                 skew(&mut p);
-                (format!("tiny skewed {recipe}/{mma} R=2 processes"), p, mma)
+                (
+                    format!("tiny skewed {recipe}/{routes} R=2 processes"),
+                    p,
+                    routes,
+                )
             })
             .collect()
     });
@@ -615,12 +633,12 @@ fn v4_flash_shape_two_processes() {
     run_sweep_processes("v4_flash_shape_two_processes", 2, &[7, 1], || {
         ROUTES
             .into_iter()
-            .map(|(recipe, mma)| {
+            .map(|(recipe, routes)| {
                 let config = v4_flash_shape(16).with_recipe(recipe).with_ranks(2);
                 (
-                    format!("v4-flash shape (16 experts) {recipe}/{mma} R=2 processes"),
+                    format!("v4-flash shape (16 experts) {recipe}/{routes} R=2 processes"),
                     problem(config, 7, 42, 0.1),
-                    mma,
+                    routes,
                 )
             })
             .collect()

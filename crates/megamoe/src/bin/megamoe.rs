@@ -16,7 +16,7 @@ use megamoe::generate::{self, GenOptions};
 use megamoe::reference::Forward;
 use megamoe::{Config, Recipe};
 use megamoe_kernel::Routes;
-use megamoe_kernel::gemm::parse_route;
+use megamoe_kernel::gemm::{Route, parse_route};
 use moe_sched::{Plan, PlanConfig};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -378,29 +378,30 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cuda(dir: &Path, world: WorldKind, mma: Routes) -> anyhow::Result<()> {
+fn run_cuda(dir: &Path, world: WorldKind, routes: Routes) -> anyhow::Result<()> {
     let start = Instant::now();
     // Refused before any GPU work, on any machine.
     let config = files::read_config(dir)?;
     let recipe = config.recipe;
-    if !mma.supports(recipe) {
+    if !routes.supports(recipe) {
         bail!(
-            "--mma {mma} cannot run the {recipe} recipe of {}: the FP8 route promotes once per 128 \
+            "--mma {routes} cannot run the {recipe} recipe of {}: the FP8 route promotes once per 128 \
              channels (g128 only); use --mma bf16",
             dir.display()
         );
     }
     if world == WorldKind::Process {
         if ProcessEnv::present() {
-            let run =
-                megamoe::cuda::run_process(|world| megamoe::cuda::run_dir_rank(world, dir, mma))?;
+            let run = megamoe::cuda::run_process(|world| {
+                megamoe::cuda::run_dir_rank(world, dir, routes)
+            })?;
             println!("rank {}: T = {}: {}", run.rank, run.tokens, run.times);
             return Ok(());
         }
         files::check_rank_files(dir, &config)?;
         launch_ranks(config.num_ranks)?;
         println!(
-            "cuda: {} rank process(es), unfused pipeline, {mma} tensor-core route, total {:.3}s (JIT, weight transform and upload included)",
+            "cuda: {} rank process(es), unfused pipeline, {routes} tensor-core route, total {:.3}s (JIT, weight transform and upload included)",
             config.num_ranks,
             start.elapsed().as_secs_f64()
         );
@@ -409,7 +410,7 @@ fn run_cuda(dir: &Path, world: WorldKind, mma: Routes) -> anyhow::Result<()> {
     let problem = files::read_problem(dir)?;
     let (config, inputs) = (&problem.config, &problem.inputs);
     let t = Instant::now();
-    let run = megamoe::cuda::forward_timed(&problem, mma)?;
+    let run = megamoe::cuda::forward_timed(&problem, routes)?;
     let compute = t.elapsed();
     let pairs = routed_pairs(inputs);
     let stages: Vec<String> = run
@@ -424,7 +425,7 @@ fn run_cuda(dir: &Path, world: WorldKind, mma: Routes) -> anyhow::Result<()> {
         run.into_iter().map(|(y, _)| y).collect(),
     )?;
     println!(
-        "cuda: y per rank {} (BF16), {pairs} routed pairs, {} GPU(s), unfused pipeline, {mma} tensor-core route, first forward {:.3}s (JIT, weight transform and upload included), total {:.3}s\n{}",
+        "cuda: y per rank {} (BF16), {pairs} routed pairs, {} GPU(s), unfused pipeline, {routes} tensor-core route, first forward {:.3}s (JIT, weight transform and upload included), total {:.3}s\n{}",
         y_shapes(config, inputs),
         config.num_ranks,
         compute.as_secs_f64(),
