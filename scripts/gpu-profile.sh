@@ -13,7 +13,7 @@ mkdir -p "$out"
 export MEGAMOE_CACHE="${MEGAMOE_CACHE:-/tmp/megamoe-cache}"
 export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
 export LD_LIBRARY_PATH="$CUDA_PATH/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-bench="$root/.gpu-bundle/bench/megamoe-kernel.gemm"
+bench="${BENCH:-$root/.gpu-bundle/bench/megamoe-kernel.gemm}"  # BENCH: another build of the benchmark
 ncu="$(command -v ncu || echo "$CUDA_PATH/bin/ncu")"
 cases=("$@")
 (( ${#cases[@]} )) || cases=("g128/fp8 8" "g128/fp8 128" "mx32/bf16 8")

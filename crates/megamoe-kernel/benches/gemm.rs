@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
-use megamoe_kernel::gemm::{TOKEN_TILES, TRACE_WORDS, parse_route, token_tiles};
+use megamoe_kernel::gemm::{TOKEN_TILES, TRACE_WORDS, parse_route};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
 use megamoe_kernel::{
     DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
@@ -321,10 +321,7 @@ fn main() {
             let hit = rows.iter().filter(|&&r| r > 0).count();
             let pairs: usize = rows.iter().sum();
             let bns: Vec<usize> = if tiles == "auto" {
-                vec![TilePlan::tokens_per_tile_for(
-                    mma,
-                    pairs as f64 / hit as f64,
-                )]
+                vec![TilePlan::tokens_per_tile_for(pairs as f64 / hit as f64)]
             } else {
                 tiles.split(',').map(|s| s.parse().unwrap()).collect()
             };
@@ -352,7 +349,7 @@ fn main() {
             );
             let mut plans: Vec<TilePlan> = bns
                 .into_iter()
-                .filter(|bn| token_tiles(mma).contains(bn))
+                .filter(|bn| TOKEN_TILES.contains(bn))
                 .map(|bn| {
                     let plan = TilePlan {
                         probe,

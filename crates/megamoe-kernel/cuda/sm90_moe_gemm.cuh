@@ -44,9 +44,8 @@
 //          (b = scale block of the k128 block).
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
 // 128-B swizzle, box {128 B, BN} (FP8 in a cluster: BN / 2 rows).
-// BN (tokens per tile) is 16..128 (FP8) or 16..256 (BF16): accumulators, two FP8 temp sets and two
-// stages of fragments must fit the consumers' 224 registers. (FP8 at 256 tokens fits only with
-// 16-token chunks, whose per-chunk work cancels the halved decode per token: measured in SASS.)
+// BN (tokens per tile) is 16..256: accumulators, FP8 temp sets and fragments must fit the consumers'
+// 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer).
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
@@ -306,7 +305,8 @@ __device__ __forceinline__ int scale_slot(int j) {
 // One consumer warpgroup: 64 weight rows x BN tokens. Software-pipelined so that the decode of
 // stage s+1 and the promotion of chunk c-1 run on the CUDA cores while the tensor core works on
 // chunk c. A chunk is the WGMMA work of one stage on kNsub tokens; fragments of two stages live
-// in registers (parity P = stage index & 1), FP8 temp accumulators alternate between two sets.
+// in registers (parity P = stage index & 1; FP8 256-token tiles: one), FP8 temp accumulators
+// rotate through kLag + 1 sets.
 // kRowBase (FP8): every k128 block of a weight row shares one fold base, so the promotion needs
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
 // kRegs (FP8): decode tables from the meta nibbles in registers (see decode_fp8).
@@ -315,14 +315,20 @@ __device__ __forceinline__ int scale_slot(int j) {
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
 struct Consumer {
   using L = Layout<BN, kFp8, kCtas>;
-  // FP8 chunks: 64 tokens above 64 (acc + 2 temps + 2 fragment sets must fit 224 registers); with
-  // two CTAs per SM (96 registers) 16. (A whole 32-token tile per chunk fit once, with 6 % fewer
-  // instructions and no measured gain, v14; the split tail's hand-over took those registers.)
-  static constexpr int kNsub = !kFp8                ? BN
-                               : kCtas == 2         ? 16
-                               : BN <= 64           ? BN
-                               : kKSplit == 1       ? 64
-                                                    : 32;
+  // FP8 chunks: 64 tokens above 64; with two CTAs per SM (96 registers) 16. (A whole 32-token tile
+  // per chunk fit once, with 6 % fewer instructions and no measured gain, v14; the split tail's
+  // hand-over took those registers. 32-token chunks lose 2-6 % at 128 and 256 tokens, v40/v41.)
+  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
+  // FP8, one CTA per SM: 256-token tiles hold one fragment set (its 128 accumulators, a temp set
+  // and the prefetched scales leave no room for a second), so a stage's decode waits for its
+  // predecessor's wgmmas; they halve the decode per token, which pays at large T (perf.md v41).
+  static constexpr bool kOneParity = kFp8 && kCtas == 1 && BN > 128;
+  // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
+  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
+  // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
+  // more there (lag 1 without it: -4 %, v41b).
+  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
+  static constexpr int kTempSets = kLag + 1;
   // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
   // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is token sub-tile
   // h / kKSplit (kNsub tokens from (h / kKSplit) kNsub, the last one narrower when kN is not a
@@ -347,7 +353,7 @@ struct Consumer {
   u32 a[2][kAregs];
   float base[2][2];  // FP8: weight base of rows r, r+8 per parity
   u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
-  float tmp[2][kNsub / 2];  // FP8: a chunk's wgmma results
+  float tmp[kTempSets][kNsub / 2];  // FP8: chunks' wgmma results
   float acc[BN / 2];
 
   __device__ u64* full(int s) const { return (u64*)(smem + L::kFullAt) + s; }
@@ -583,48 +589,53 @@ struct Consumer {
     }
   }
 
-  // FP8: chunk H of the stage held in parity P, then the rest. Temp sets alternate chunk by chunk
-  // within a trip (B = (P * kChunks + H) & 1); each chunk's predecessor is promoted while it runs.
-  template <int kN, int P, int H = 0>
-  __device__ __forceinline__ void fp8_stage() {
-    constexpr int kChunks = Active<kN>::kChunks;
-    constexpr int B = (P * kChunks + H) & 1;
-    float2 sc[kScalePairs];
-    if constexpr (H > 0) {
-      if constexpr (kPrefetchScales) chunk_scales<kN, P, H - 1>(sc);
-      issue_fp8<kN, P, B, H>();
-      wg_wait<1>();
-      if constexpr (!kPrefetchScales) chunk_scales<kN, P, H - 1>(sc);
-      promote<kN, P, B ^ 1, H - 1>(sc);
-    } else if constexpr (P == 1) {  // the previous chunk is the last of stage P = 0 of this trip
-      if constexpr (kPrefetchScales) chunk_scales<kN, 0, kChunks - 1>(sc);
-      issue_fp8<kN, P, B, H>();
-      wg_wait<1>();
-      if constexpr (!kPrefetchScales) chunk_scales<kN, 0, kChunks - 1>(sc);
-      promote<kN, 0, B ^ 1, kChunks - 1>(sc);
-      release<0>();
-    } else {
-      issue_fp8<kN, P, B, H>();
+  // FP8, step c of a trip of kTripStages stages (c = stage parity x kChunks + chunk): the chunk goes
+  // into temp set c % kTempSets, then chunk c - kLag is promoted, so kLag chunks of this warpgroup
+  // stay queued on the tensor core while its warps promote. The trip's last kDrain chunks are
+  // promoted by fp8_drain, after the next stage's decode. Stage 1 is decoded once stage 0's last
+  // chunk is issued (before that chunk's own promotion when there is no lag).
+  static constexpr int kDrain = kLag > 1 ? kLag : 1;
+  template <int kN, int kTripStages, int c = 0>
+  __device__ __forceinline__ void fp8_trip() {
+    constexpr int kChunks = Active<kN>::kChunks, kSteps = kTripStages * kChunks;
+    if constexpr (c < kSteps) {
+      constexpr bool kDecode = kTripStages == 2 && c == kChunks - 1;
+      issue_fp8<kN, c / kChunks, c % kTempSets, c % kChunks>();
+      if constexpr (kDecode && kLag == 0) load_stage<1>();
+      if constexpr (c >= kLag && c - kLag < kSteps - kDrain) fp8_promote<kN, c - kLag, kLag>();
+      if constexpr (kDecode && kLag > 0) load_stage<1>();
+      fp8_trip<kN, kTripStages, c + 1>();
     }
-    if constexpr (H + 1 < kChunks) fp8_stage<kN, P, H + 1>();
   }
-  // FP8, end of a trip: wait for everything, promote the last chunk, release the stage.
-  template <int kN, int P>
+  // FP8, end of a trip: the chunks not yet promoted, oldest first.
+  template <int kN, int kTripStages, int d = (kTripStages * Active<kN>::kChunks > kDrain
+                                                  ? kTripStages * Active<kN>::kChunks - kDrain
+                                                  : 0)>
   __device__ __forceinline__ void fp8_drain() {
+    constexpr int kSteps = kTripStages * Active<kN>::kChunks;
+    if constexpr (d < kSteps) {
+      fp8_promote<kN, d, kSteps - 1 - d>();
+      fp8_drain<kN, kTripStages, d + 1>();
+    }
+  }
+  // FP8: once at most kPending wgmma groups are in flight (chunk d is done), promote chunk d of the
+  // trip; its stage's last chunk releases the stage.
+  template <int kN, int d, int kPending>
+  __device__ __forceinline__ void fp8_promote() {
     constexpr int kChunks = Active<kN>::kChunks;
-    constexpr int B = (P * kChunks + kChunks - 1) & 1;
+    constexpr int P = d / kChunks, h = d % kChunks;
     float2 sc[kScalePairs];
-    if constexpr (kPrefetchScales) chunk_scales<kN, P, kChunks - 1>(sc);
-    wg_wait<0>();
-    if constexpr (!kPrefetchScales) chunk_scales<kN, P, kChunks - 1>(sc);
-    promote<kN, P, B, kChunks - 1>(sc);
-    release<P>();
+    if constexpr (kPrefetchScales) chunk_scales<kN, P, h>(sc);
+    wg_wait<kPending>();
+    if constexpr (!kPrefetchScales) chunk_scales<kN, P, h>(sc);
+    promote<kN, P, d % kTempSets, h>(sc);
+    if constexpr (h == kChunks - 1) release<P>();
   }
 
   // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block), computed on its
-  // first kN tokens (the rest stay 0). Stages go in trips of two (parity 0, 1); FP8 drains its
-  // pipeline at the end of every trip, because ptxas serializes all wgmmas (C7514) when a temp set
-  // may still be in flight across a branch or loop.
+  // first kN tokens (the rest stay 0). FP8 stages go in trips of two (parity 0, 1), or of one with
+  // one fragment set; FP8 drains its pipeline at the end of every trip, because ptxas serializes
+  // all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
   template <int kN>
   __device__ __forceinline__ void mainloop(int k_blocks) {
 #pragma unroll
@@ -632,20 +643,28 @@ struct Consumer {
       acc[i] = 0.0f;
       fence_operand(acc[i]);
     }
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && kOneParity) {
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        load_stage<0>();
+        fp8_trip<kN, 1>();
+        fp8_drain<kN, 1>();
+      }
+    } else if constexpr (kFp8) {
+      // The next trip's stage 0 is decoded before the drain: stage 0's chunks are done by then.
+      static_assert(Active<kN>::kChunks >= kDrain, "a trip's stage 0 must be done before its drain");
       load_stage<0>();
       int kb = 0;
       for (; kb + 1 < k_blocks; kb += 2) {
-        fp8_stage<kN, 0>();
-        load_stage<1>();
-        fp8_stage<kN, 1>();
-        if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunk runs
-        fp8_drain<kN, 1>();
+        fp8_trip<kN, 2>();
+        if (kb + 2 < k_blocks) load_stage<0>();  // decoded while the trip's last chunks run
+        fp8_drain<kN, 2>();
       }
       if (kb < k_blocks) {  // an odd last stage, in parity 0
-        fp8_stage<kN, 0>();
-        fp8_drain<kN, 0>();
+        fp8_trip<kN, 1>();
+        fp8_drain<kN, 1>();
       }
+    }
+    if constexpr (kFp8) {
       if constexpr (kRowBase) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] *= base[0][(i >> 1) & 1];

@@ -155,18 +155,10 @@ impl std::str::FromStr for Mma {
     }
 }
 
-/// Tokens per tile (the WGMMA N) the kernel is built for.
+/// Tokens per tile (the WGMMA N) the kernel is built for, on both routes: 256 halves the decode
+/// and the activation re-reads per tensor-core operation at large T (FP8 256-token tiles keep one
+/// fragment set, perf.md v41).
 pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
-
-/// The token tiles of one route: FP8 keeps two temp accumulator sets besides the accumulators,
-/// which stops at 128 tokens; BF16 accumulates straight into them and goes to 256 (half the
-/// activation re-reads per tensor-core operation at large T).
-pub fn token_tiles(mma: Mma) -> &'static [usize] {
-    match mma {
-        Mma::Fp8 => &TOKEN_TILES[..4],
-        Mma::Bf16 => &TOKEN_TILES,
-    }
-}
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// Consumer warps per CTA (two warpgroups): one split-tail hand-over flag each.
@@ -207,7 +199,7 @@ pub enum GemmError {
     Cuda(#[from] cuda_rt::Error),
     #[error(transparent)]
     Tma(#[from] cuda_rt::tma::TmaError),
-    #[error("tokens per tile {tile} is not one of {mma}'s {:?}", token_tiles(*mma))]
+    #[error("tokens per tile {tile} is not one of {TOKEN_TILES:?} ({mma})")]
     TokenTile { mma: Mma, tile: usize },
     #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
     MmaMismatch { core: Mma, weights: Mma },
@@ -279,7 +271,7 @@ pub struct TilePlan {
 
 impl TilePlan {
     pub fn new(mma: Mma, tokens_per_tile: usize) -> Result<Self, GemmError> {
-        if !token_tiles(mma).contains(&tokens_per_tile) {
+        if !TOKEN_TILES.contains(&tokens_per_tile) {
             return Err(GemmError::TokenTile {
                 mma,
                 tile: tokens_per_tile,
@@ -491,15 +483,14 @@ impl TilePlan {
     /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
     /// that covers most experts in one block (moe-sched's covering rule), so few-token experts don't
     /// pay for idle tensor-core columns. Measured on H200 (2026-11-30): 16 at T = 8, 32 at T = 128,
-    /// 64–128 at T = 512, 128 above, for V4-Pro's 48 experts.
-    pub fn tokens_per_tile_for(mma: Mma, avg_rows: f64) -> usize {
+    /// 64–128 at T = 512, 256 from T = 2048 (FP8: 128 and 256 within 1 % at T = 2048, 256 +6 % at
+    /// 4096 and +13 % at 8192, perf.md v41), for V4-Pro's 48 experts.
+    pub fn tokens_per_tile_for(avg_rows: f64) -> usize {
         let target = moe_sched::heuristics::covering_rows(avg_rows);
-        let tiles = token_tiles(mma);
-        tiles
-            .iter()
-            .copied()
+        TOKEN_TILES
+            .into_iter()
             .find(|&bn| bn as f64 >= target)
-            .unwrap_or(tiles[tiles.len() - 1])
+            .unwrap_or(TOKEN_TILES[TOKEN_TILES.len() - 1])
     }
 }
 
@@ -508,7 +499,7 @@ pub fn kernels() -> Vec<KernelSpec> {
     [Mma::Fp8, Mma::Bf16]
         .into_iter()
         .flat_map(|mma| {
-            token_tiles(mma)
+            TOKEN_TILES
                 .iter()
                 .map(move |&bn| TilePlan::new(mma, bn).expect("listed tile"))
         })
@@ -1012,7 +1003,7 @@ mod tests {
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            2 * 2 + 2 * 4 + 5 + 1,
+            2 * 2 + 3 * 4 + 5 + 1,
             "two folds per two-CTA FP8 tile (tables in shared memory), four per one-CTA FP8 tile, \
              one per BF16 tile, the FP8 cluster variant"
         );
@@ -1074,16 +1065,16 @@ mod tests {
     fn token_tiles_follow_the_measured_choice() {
         // V4-Pro per rank: 48 experts, top-6; average rows per expert = 6T/48.
         let avg = |t: f64| 6.0 * t / 48.0;
-        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Fp8, avg(8.0)), 16);
-        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Fp8, avg(128.0)), 32);
-        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Fp8, avg(8192.0)), 128);
-        assert_eq!(TilePlan::tokens_per_tile_for(Mma::Bf16, avg(8192.0)), 256);
+        assert_eq!(TilePlan::tokens_per_tile_for(avg(8.0)), 16);
+        assert_eq!(TilePlan::tokens_per_tile_for(avg(128.0)), 32);
+        assert_eq!(TilePlan::tokens_per_tile_for(avg(4096.0)), 256);
+        assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0)), 256);
     }
 
     #[test]
     fn plans_fit_shared_memory_and_registers() {
         for mma in [Mma::Fp8, Mma::Bf16] {
-            for &bn in token_tiles(mma) {
+            for bn in TOKEN_TILES {
                 let plan = TilePlan::new(mma, bn).unwrap();
                 let per_sm = plan.smem_bytes() * plan.ctas_per_sm;
                 assert!(

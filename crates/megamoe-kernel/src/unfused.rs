@@ -1124,7 +1124,7 @@ impl Pipeline {
         second: bool,
     ) -> Result<(Mma, usize, Fold), UnfusedError> {
         let mma = self.layer_mma(second);
-        let bn = self.tokens_per_tile(mma);
+        let bn = self.tokens_per_tile();
         let fold = if second { self.w2.fold } else { self.w1.fold };
         if let Entry::Vacant(slot) = self.cores.entry((mma, bn, fold)) {
             let plan = TilePlan::new(mma, bn)?.with_fold(fold);
@@ -1143,10 +1143,9 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The token tile of a GEMM through `mma` for this forward's pool.
-    pub fn tokens_per_tile(&self, mma: Mma) -> usize {
+    /// The token tile of the GEMMs for this forward's pool.
+    pub fn tokens_per_tile(&self) -> usize {
         TilePlan::tokens_per_tile_for(
-            mma,
             self.plan
                 .as_ref()
                 .map_or(0.0, PoolPlan::avg_rows_of_hit_experts),

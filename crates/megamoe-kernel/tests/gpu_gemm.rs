@@ -133,10 +133,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let pool = ActPool::random(recipe, expert_rows, k, seed + 1);
     let hit: Vec<usize> = expert_rows.iter().copied().filter(|&r| r > 0).collect();
     let bn = tokens_per_tile.unwrap_or_else(|| {
-        TilePlan::tokens_per_tile_for(
-            mma,
-            hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64,
-        )
+        TilePlan::tokens_per_tile_for(hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64)
     });
     let mut plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
     if let Some(split_parts) = split_parts {
@@ -273,7 +270,7 @@ fn setup() -> (Gpu, Jit) {
 fn every_tile(expert_rows: &[usize], n: usize, seed: u64, check_stride: Option<usize>) {
     let (gpu, jit) = setup();
     for (recipe, mma) in ROUTES {
-        for &bn in megamoe_kernel::gemm::token_tiles(mma) {
+        for bn in megamoe_kernel::gemm::TOKEN_TILES {
             let (diff, _) = run(
                 &gpu,
                 &jit,
