@@ -852,7 +852,17 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
         for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
       }
-      if (kNarrowTiles && rows <= BN / 2) {
+      // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
+      // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more
+      // than a multiple of 256.
+      constexpr bool kShortTail = BN == 256 && kCtas == 1;
+      if (kShortTail && rows <= 64) {
+        c.template mainloop<kShortTail ? 64 : BN>(blocks);
+      } else if (kShortTail && rows <= 128) {
+        c.template mainloop<kShortTail ? 128 : BN>(blocks);
+      } else if (kShortTail && kFp8 && rows <= 192) {
+        c.template mainloop<kShortTail && kFp8 ? 192 : BN>(blocks);
+      } else if (kNarrowTiles && rows <= BN / 2) {
         c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
       } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
         c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
