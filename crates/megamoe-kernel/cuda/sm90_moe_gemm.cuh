@@ -324,10 +324,11 @@ struct Consumer {
   // predecessor's wgmmas; they halve the decode per token, which pays at large T (perf.md v41).
   static constexpr bool kOneParity = kFp8 && kCtas == 1 && BN > 128;
   // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
-  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
+  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40;
+  // not in a cluster, whose peer bookkeeping leaves no registers for the third temp set);
   // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
   // more there (lag 1 without it: -4 %, v41b).
-  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
+  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 && kCluster == 1 ? 2 : 1;
   static constexpr int kTempSets = kLag + 1;
   // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
   // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is token sub-tile
