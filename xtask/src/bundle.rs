@@ -249,8 +249,10 @@ for bin in "$here"/tests/*; do
       printf '%s\n' "$output" | sed 's/^/    /'
       failed=$((failed + 1))
     elif skip="$(printf '%s\n' "$output" | grep -o -m1 'SKIP: .*')"; then
-      # A test that cannot run here (e.g. needs 2 GPUs) prints "SKIP: <why>" and returns.
+      # A test that cannot run here (e.g. needs 2 GPUs) prints "SKIP: <why>"; some still run the
+      # part they can (one GPU of "one and two GPUs"), whose checks VERBOSE shows.
       echo "SKIP $name: ${skip#SKIP: }"
+      [[ -n "${VERBOSE:-}" ]] && printf '%s\n' "$output" | sed 's/^/    /'
       skipped=$((skipped + 1))
     else
       echo "PASS $name"
