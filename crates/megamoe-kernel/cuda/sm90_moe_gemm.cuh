@@ -327,7 +327,7 @@ struct Consumer {
   // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40;
   // not in a cluster, whose peer bookkeeping leaves no registers for the third temp set);
   // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
-  // more there (lag 1 without it: -4 %, v41b).
+  // more there (lag 1 without it: -4 %, v41c; with it at 232 registers: -2 %, v45).
   static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 && kCluster == 1 ? 2 : 1;
   static constexpr int kTempSets = kLag + 1;
   // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
