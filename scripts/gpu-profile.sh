@@ -5,7 +5,8 @@
 # <route>.<T>.src.csv.gz (read it with scripts/ncu_stalls.py) and <route>.<T>.details.txt.
 #
 #   OUT=dir scripts/gpu-profile.sh ["route T [bench args]" ...]   default: "g128/fp8 8" "g128/fp8 128" "mx32/bf16 8"
-#   e.g. "g128/fp8 8192 --cluster 2"; SKIP_PROBE=1 leaves the probe out.
+#   e.g. "g128/fp8 8192 --cluster 2"; SKIP_PROBE=1 leaves the probe out; BENCH=path profiles another
+#   build of the benchmark (a throw-away variant).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:-$root/gpu-out}"

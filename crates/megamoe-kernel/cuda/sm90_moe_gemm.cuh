@@ -592,25 +592,22 @@ struct Consumer {
 
   // FP8, step c of a trip of kTripStages stages (c = stage parity x kChunks + chunk): the chunk goes
   // into temp set c % kTempSets, then chunk c - kLag is promoted, so kLag chunks of this warpgroup
-  // stay queued on the tensor core while its warps promote. The trip's last kDrain chunks are
+  // stay queued on the tensor core while its warps promote. The trip's last kLag chunks are
   // promoted by fp8_drain, after the next stage's decode. Stage 1 is decoded once stage 0's last
-  // chunk is issued (before that chunk's own promotion when there is no lag).
-  static constexpr int kDrain = kLag > 1 ? kLag : 1;
+  // chunk is issued.
   template <int kN, int kTripStages, int c = 0>
   __device__ __forceinline__ void fp8_trip() {
-    constexpr int kChunks = Active<kN>::kChunks, kSteps = kTripStages * kChunks;
-    if constexpr (c < kSteps) {
-      constexpr bool kDecode = kTripStages == 2 && c == kChunks - 1;
+    constexpr int kChunks = Active<kN>::kChunks;
+    if constexpr (c < kTripStages * kChunks) {
       issue_fp8<kN, c / kChunks, c % kTempSets, c % kChunks>();
-      if constexpr (kDecode && kLag == 0) load_stage<1>();
-      if constexpr (c >= kLag && c - kLag < kSteps - kDrain) fp8_promote<kN, c - kLag, kLag>();
-      if constexpr (kDecode && kLag > 0) load_stage<1>();
+      if constexpr (c >= kLag) fp8_promote<kN, c - kLag, kLag>();
+      if constexpr (kTripStages == 2 && c == kChunks - 1) load_stage<1>();
       fp8_trip<kN, kTripStages, c + 1>();
     }
   }
   // FP8, end of a trip: the chunks not yet promoted, oldest first.
-  template <int kN, int kTripStages, int d = (kTripStages * Active<kN>::kChunks > kDrain
-                                                  ? kTripStages * Active<kN>::kChunks - kDrain
+  template <int kN, int kTripStages, int d = (kTripStages * Active<kN>::kChunks > kLag
+                                                  ? kTripStages * Active<kN>::kChunks - kLag
                                                   : 0)>
   __device__ __forceinline__ void fp8_drain() {
     constexpr int kSteps = kTripStages * Active<kN>::kChunks;
@@ -652,7 +649,7 @@ struct Consumer {
       }
     } else if constexpr (kFp8) {
       // The next trip's stage 0 is decoded before the drain: stage 0's chunks are done by then.
-      static_assert(Active<kN>::kChunks >= kDrain, "a trip's stage 0 must be done before its drain");
+      static_assert(Active<kN>::kChunks >= kLag, "a trip's stage 0 must be done before its drain");
       load_stage<0>();
       int kb = 0;
       for (; kb + 1 < k_blocks; kb += 2) {
