@@ -104,9 +104,10 @@ struct Layout {
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
-  // FP8 with one CTA per SM: 1 KiB per consumer warp to turn its outputs into whole rows (the
-  // epilogue; gemm.rs's `epilogue_bytes` says why only there).
-  static constexpr int kEpilogueBytes = kFp8 && kCtas == 1 ? 8 * 1024 : 0;
+  // FP8 with one CTA per SM: 32 token rows per consumer warpgroup to turn its outputs into whole
+  // rows (the epilogue; gemm.rs's `epilogue_bytes` says why only there).
+  static constexpr int kEpilogueRowPitch = 128 + 16;  // a warpgroup's 64 outputs of a token, padded
+  static constexpr int kEpilogueBytes = kFp8 && kCtas == 1 ? 2 * 32 * kEpilogueRowPitch : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
@@ -446,14 +447,19 @@ struct Consumer {
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
-  // Epilogue of FP8 one-CTA tiles: BF16 outputs through this warp's 1 KiB of shared memory, 32
-  // tokens at a time. stmatrix.trans turns the accumulator fragments (weight rows x token pairs)
-  // into token rows of the warp's 16 consecutive outputs, which two lanes store as one whole
-  // 32-byte sector instead of sixteen scattered 2-byte stores. Stored row (token) c of a round sits
-  // at c * 32 B, its halves swapped when c % 8 >= 4 (no bank conflicts either way).
-  // `out_rows`: out[first pool row of the tile][first weight row of this warp].
+  // Epilogue of FP8 one-CTA tiles: BF16 outputs through the warpgroup's own shared buffer (L::
+  // kEpilogueRowPitch per token row), 32 tokens at a time. stmatrix.trans turns each warp's
+  // accumulator fragments (16 weight rows x token pairs) into its 32-byte piece of the round's token
+  // rows of the warpgroup's 64 outputs; then each warp stores eight whole 128-byte rows, eight
+  // lanes a row, instead of its own 32-byte pieces (four partial lines a row): the tile end's
+  // stores stall both warpgroups (4 % of L1, 8 % of L2 at T=8192), and whole lines took a third of
+  // that (perf.md v48, v49c). The warpgroups never wait for each other: a CTA-wide barrier here cost
+  // 128-token tiles 10 % (v49). The 16-byte pad per row keeps stmatrix free of bank conflicts. `out_rows`: out[first pool row of
+  // the tile][first weight row of this warpgroup].
   __device__ __forceinline__ void store_tile_staged(u16* out_rows, int n_out, int rows_left) {
-    u8* buf = smem + L::kEpilogueAt + (consumer_warp()) * 1024;
+    constexpr int kPitch = L::kEpilogueRowPitch;
+    const int wg = thread / 128, w = (thread / 32) % 4;  // warpgroup, warp in it
+    u8* buf = smem + L::kEpilogueAt + wg * (32 * kPitch);
     const u32 buf_addr = smem_addr(buf);
     const int m = lane / 8, j = lane % 8;  // the stored row this lane addresses: row j of matrix m
 #pragma unroll
@@ -464,20 +470,28 @@ struct Consumer {
         const int i = 16 * round + 4 * (q / 2) + 2 * (q % 2);
         packed[q] = pack_bf16x2(acc[i], acc[i + 1]);
       }
-      __syncwarp();  // the previous round's rows are read
+      wg_bar_sync(wg);  // the warpgroup has read the previous round
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int g = 2 * x + m / 2, h = m % 2;
-        stmatrix_x4_trans(buf_addr + (8 * g + j) * 32 + ((h ^ (j >> 2)) & 1) * 16, packed[4 * x], packed[4 * x + 1],
+        stmatrix_x4_trans(buf_addr + (8 * g + j) * kPitch + (2 * w + h) * 16, packed[4 * x], packed[4 * x + 1],
                           packed[4 * x + 2], packed[4 * x + 3]);
       }
-      __syncwarp();
+      wg_bar_sync(wg);  // the round's rows are whole
 #pragma unroll
       for (int y = 0; y < 2; ++y) {
-        const int token = 16 * y + lane / 2, h = lane % 2;
-        const uint4 v = *(const uint4*)(buf + token * 32 + ((h ^ ((token % 8) >> 2)) & 1) * 16);
-        if (32 * round + token < rows_left) *(uint4*)(out_rows + (size_t)(32 * round + token) * n_out + 8 * h) = v;
+        const int token = 8 * w + 4 * y + lane / 8, chunk = lane % 8;
+        const uint4 v = *(const uint4*)(buf + token * kPitch + chunk * 16);
+        if (32 * round + token < rows_left) *(uint4*)(out_rows + (size_t)(32 * round + token) * n_out + 8 * chunk) = v;
       }
+    }
+  }
+  // The 128 threads of consumer warpgroup wg meet (named barrier 1 + wg).
+  __device__ __forceinline__ static void wg_bar_sync(int wg) {
+    if (wg == 0) {
+      named_bar_sync<1, 128>();
+    } else {
+      named_bar_sync<2, 128>();
     }
   }
 
@@ -888,7 +902,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       const int rows_left = d.rows;
       const size_t row0 = (size_t)d.row0;
       if constexpr (L::kEpilogueBytes > 0) {
-        c.store_tile_staged(p.out + row0 * p.n_out + d.n_col + c.consumer_warp() * 16, p.n_out, rows_left);
+        c.store_tile_staged(p.out + row0 * p.n_out + d.n_col + (c.thread / 128) * 64, p.n_out, rows_left);
       } else {
         const int n0 = d.n_col + c.row_r;
 #pragma unroll

@@ -61,6 +61,13 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// ---------------------------------------------------------------- named barriers
+// kThreads threads of the CTA (a multiple of 32) meet at barrier kId (1..15; 0 is __syncthreads).
+template <u32 kId, u32 kThreads>
+__device__ __forceinline__ void named_bar_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 // ---------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, u64* bar, int x, int y) {
   asm volatile(

@@ -181,13 +181,14 @@ const TWO_CTAS: [(Mma, usize); 4] = [
 const DEFAULT_K_SPLIT: usize = 1;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
-/// Shared memory where the epilogue turns outputs into whole rows: 1 KiB per consumer warp for
-/// FP8 tiles with one CTA per SM. 2026-11-30, H200, both in one run (perf.md v19): FP8 T=8192
-/// −3 %, but the BF16 route's 256-token cluster tiles +3 % (the pipeline's mx32 +7 %), so BF16
-/// keeps storing its fragments directly; two CTAs per SM (small tiles) have no memory to spare.
+/// Shared memory where the epilogue turns outputs into whole rows: 32 token rows of 64 outputs
+/// (+ 16 B of pad) per consumer warpgroup, for FP8 tiles with one CTA per SM. 2026-11-30, H200,
+/// both in one run (perf.md v19): staging made FP8 T=8192 −3 %, but the BF16 route's 256-token
+/// cluster tiles +3 % (a stage less; the pipeline's mx32 +7 %), so BF16 keeps storing its
+/// fragments directly; two CTAs per SM (small tiles) have no memory to spare.
 const fn epilogue_bytes(mma: Mma, ctas_per_sm: usize) -> usize {
     if matches!(mma, Mma::Fp8) && ctas_per_sm == 1 {
-        8 * 1024
+        2 * 32 * (128 + 16)
     } else {
         0
     }
