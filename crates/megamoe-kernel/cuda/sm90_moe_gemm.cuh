@@ -30,8 +30,8 @@
 // every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends.
 // Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
-// warp turns its fragments into token rows in 1 KiB of shared memory (stmatrix.trans) and stores
-// whole 32-byte sectors; otherwise the fragments are stored directly.
+// warpgroup turns its fragments into token rows of its 64 outputs in shared memory (stmatrix.trans)
+// and stores whole 128-byte lines; otherwise the fragments are stored directly.
 //
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
@@ -454,8 +454,10 @@ struct Consumer {
   // lanes a row, instead of its own 32-byte pieces (four partial lines a row): the tile end's
   // stores stall both warpgroups (4 % of L1, 8 % of L2 at T=8192), and whole lines took a third of
   // that (perf.md v48, v49c). The warpgroups never wait for each other: a CTA-wide barrier here cost
-  // 128-token tiles 10 % (v49). The 16-byte pad per row keeps stmatrix free of bank conflicts. `out_rows`: out[first pool row of
-  // the tile][first weight row of this warpgroup].
+  // 128-token tiles 10 % (v49). The 16-byte pad per row keeps stmatrix free of bank conflicts.
+  // `out_rows`: out[first pool row of the tile][first weight row of this warpgroup] (the caller
+  // adds the warpgroup's 64 columns: added here instead, the 256-token kernel's SASS grew by 200
+  // instructions).
   __device__ __forceinline__ void store_tile_staged(u16* out_rows, int n_out, int rows_left) {
     constexpr int kPitch = L::kEpilogueRowPitch;
     const int wg = thread / 128, w = (thread / 32) % 4;  // warpgroup, warp in it
