@@ -30,8 +30,9 @@
 // every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends.
 // Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
-// warpgroup turns its fragments into token rows of its 64 outputs in shared memory (stmatrix.trans)
-// and stores whole 128-byte lines; otherwise the fragments are stored directly.
+// warpgroup turns its fragments into the tile's token rows of its 64 outputs in shared memory
+// (stmatrix.trans) and one of its threads hands them to the TMA as one box (`out_map`, a 2-D map
+// over out); otherwise the fragments are stored directly.
 //
 // Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
@@ -104,10 +105,9 @@ struct Layout {
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
-  // FP8 with one CTA per SM: 32 token rows per consumer warpgroup to turn its outputs into whole
-  // rows (the epilogue; gemm.rs's `epilogue_bytes` says why only there).
-  static constexpr int kEpilogueRowPitch = 128 + 16;  // a warpgroup's 64 outputs of a token, padded
-  static constexpr int kEpilogueBytes = kFp8 && kCtas == 1 ? 2 * 32 * kEpilogueRowPitch : 0;
+  // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
+  // warpgroup, which the TMA stores (the epilogue; gemm.rs's `epilogue_bytes` says why only there).
+  static constexpr int kEpilogueBytes = kFp8 && kCtas == 1 ? 2 * BN * 128 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
@@ -447,22 +447,27 @@ struct Consumer {
     if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
-  // Epilogue of FP8 one-CTA tiles: BF16 outputs through the warpgroup's own shared buffer (L::
-  // kEpilogueRowPitch per token row), 32 tokens at a time. stmatrix.trans turns each warp's
-  // accumulator fragments (16 weight rows x token pairs) into its 32-byte piece of the round's token
-  // rows of the warpgroup's 64 outputs; then each warp stores eight whole 128-byte rows, eight
-  // lanes a row, instead of its own 32-byte pieces (four partial lines a row): the tile end's
-  // stores stall both warpgroups (4 % of L1, 8 % of L2 at T=8192), and whole lines took a third of
-  // that (perf.md v48, v49c). The warpgroups never wait for each other: a CTA-wide barrier here cost
-  // 128-token tiles 10 % (v49). The 16-byte pad per row keeps stmatrix free of bank conflicts.
-  // `out_rows`: out[first pool row of the tile][first weight row of this warpgroup] (the caller
-  // adds the warpgroup's 64 columns: added here instead, the 256-token kernel's SASS grew by 200
-  // instructions).
-  __device__ __forceinline__ void store_tile_staged(u16* out_rows, int n_out, int rows_left) {
-    constexpr int kPitch = L::kEpilogueRowPitch;
-    const int wg = thread / 128, w = (thread / 32) % 4;  // warpgroup, warp in it
-    u8* buf = smem + L::kEpilogueAt + wg * (32 * kPitch);
+  // Epilogue of FP8 one-CTA tiles: the warpgroup writes its 64 outputs of the tile's BN tokens as
+  // BF16 token rows into its own buffer (128-byte rows in the TMA's 128-byte swizzle: 16-byte chunk
+  // c of row r at c ^ (r % 8), so each stmatrix.trans row group hits all 32 banks), and one thread
+  // hands the whole box to the TMA: the warpgroup goes on to its next tile while the box is stored.
+  // Stores by the consumers themselves stalled both warpgroups at every tile end (4 % of L1, 8 % of
+  // L2 at T=8192, perf.md v48); 512 row-sized bulk copies a tile queued ahead of the producer's
+  // loads (v49b). A tile that ends inside its expert's rows stores the rows that exist itself: the
+  // box would run into the next expert's. `out_rows`: out[first pool row of the tile][first weight
+  // row of this warpgroup]; (x, y) the same place in `out_map`'s coordinates.
+  __device__ __forceinline__ void store_tile(const void* out_map, u16* out_rows, int n_out, int rows_left, int x,
+                                             int y) {
+    // Thread coordinates read afresh (volatile): derived from the members, ptxas computes the
+    // fallback's addresses once per CTA and keeps them across the main loop, where they spill.
+    const int tid = (int)fresh_tid_x() - 128, lane = tid % 32;  // among the consumer threads; shadows the members
+    const int wg = tid / 128, w = (tid / 32) % 4;  // warpgroup, warp in it
+    u8* buf = smem + L::kEpilogueAt + wg * (BN * 128);
     const u32 buf_addr = smem_addr(buf);
+    // The previous tile's box is out of the buffer (every thread waits for its own bulk groups:
+    // only the leader has any, and a branch around the wait made the 128-token tile spill).
+    bulk_wait_read<0>();
+    wg_bar_sync(wg);
     const int m = lane / 8, j = lane % 8;  // the stored row this lane addresses: row j of matrix m
 #pragma unroll
     for (int round = 0; round < BN / 32; ++round) {
@@ -472,19 +477,26 @@ struct Consumer {
         const int i = 16 * round + 4 * (q / 2) + 2 * (q % 2);
         packed[q] = pack_bf16x2(acc[i], acc[i + 1]);
       }
-      wg_bar_sync(wg);  // the warpgroup has read the previous round
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int g = 2 * x + m / 2, h = m % 2;
-        stmatrix_x4_trans(buf_addr + (8 * g + j) * kPitch + (2 * w + h) * 16, packed[4 * x], packed[4 * x + 1],
-                          packed[4 * x + 2], packed[4 * x + 3]);
+      for (int x4 = 0; x4 < 2; ++x4) {
+        const int g = 2 * x4 + m / 2, h = m % 2, row = 32 * round + 8 * g + j;  // row % 8 == j
+        stmatrix_x4_trans(buf_addr + row * 128 + (((2 * w + h) ^ j) << 4), packed[4 * x4], packed[4 * x4 + 1],
+                          packed[4 * x4 + 2], packed[4 * x4 + 3]);
       }
-      wg_bar_sync(wg);  // the round's rows are whole
-#pragma unroll
-      for (int y = 0; y < 2; ++y) {
-        const int token = 8 * w + 4 * y + lane / 8, chunk = lane % 8;
-        const uint4 v = *(const uint4*)(buf + token * kPitch + chunk * 16);
-        if (32 * round + token < rows_left) *(uint4*)(out_rows + (size_t)(32 * round + token) * n_out + 8 * chunk) = v;
+    }
+    fence_proxy_async_shared();
+    wg_bar_sync(wg);  // the box is whole
+    if (rows_left >= BN) {
+      if (tid % 128 == 0) {
+        tma_store_2d(out_map, buf, x, y);
+        bulk_commit();
+      }
+    } else {
+      // Eight lanes a row, one 16-byte chunk each: whole 128-byte lines.
+      const int chunk = lane % 8;
+      for (int token = 4 * w + lane / 8; token < rows_left; token += 16) {
+        const uint4 v = *(const uint4*)(buf + token * 128 + ((chunk ^ (token % 8)) << 4));
+        *(uint4*)(out_rows + (size_t)token * n_out + 8 * chunk) = v;
       }
     }
   }
@@ -711,7 +723,7 @@ struct Consumer {
 // ---------------------------------------------------------------- the kernel
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster, bool kNarrowTiles,
           bool kSplitTail>
-__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map) {
+__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
   using L = Layout<BN, kFp8, kCtas>;
   // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
   // CTA's work; the large tiles' launches make dozens of rounds, and their consumers have no
@@ -904,7 +916,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       const int rows_left = d.rows;
       const size_t row0 = (size_t)d.row0;
       if constexpr (L::kEpilogueBytes > 0) {
-        c.store_tile_staged(p.out + row0 * p.n_out + d.n_col + (c.thread / 128) * 64, p.n_out, rows_left);
+        const int col0 = d.n_col + (c.thread / 128) * 64;
+        c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
       } else {
         const int n0 = d.n_col + c.row_r;
 #pragma unroll
@@ -919,6 +932,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
         }
       }
     }
+    if constexpr (L::kEpilogueBytes > 0) bulk_wait<0>();  // the last box is stored before the buffer goes away
     if (p.trace && c.thread % 128 == 0) {
       p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
       if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;

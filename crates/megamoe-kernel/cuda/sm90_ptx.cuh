@@ -21,6 +21,13 @@ __device__ __forceinline__ u32 smid() {
   return id;
 }
 
+// threadIdx.x as an instruction the compiler cannot hoist out of a loop (see its users).
+__device__ __forceinline__ u32 fresh_tid_x() {
+  u32 t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // ---------------------------------------------------------------- mbarrier
 __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -93,6 +100,21 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+// A box of `map` at (x, y) from shared memory to global, in this thread's bulk group. The writes
+// that filled `src` must be ordered before it by fence_proxy_async_shared.
+__device__ __forceinline__ void tma_store_2d(const void* map, const void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
+               "r"(smem_addr(src)), "r"(x), "r"(y)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// This thread's bulk groups, all but the last N: done reading shared memory / done altogether.
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory"); }
+// This thread's shared-memory writes, visible to the TMA (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }

@@ -181,14 +181,14 @@ const TWO_CTAS: [(Mma, usize); 4] = [
 const DEFAULT_K_SPLIT: usize = 1;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
-/// Shared memory where the epilogue turns outputs into whole rows: 32 token rows of 64 outputs
-/// (+ 16 B of pad) per consumer warpgroup, for FP8 tiles with one CTA per SM. 2026-11-30, H200,
-/// both in one run (perf.md v19): staging made FP8 T=8192 −3 %, but the BF16 route's 256-token
-/// cluster tiles +3 % (a stage less; the pipeline's mx32 +7 %), so BF16 keeps storing its
-/// fragments directly; two CTAs per SM (small tiles) have no memory to spare.
-const fn epilogue_bytes(mma: Mma, ctas_per_sm: usize) -> usize {
+/// Shared memory where the epilogue gathers a tile's outputs as BF16 token rows for the TMA to
+/// store: the tile's tokens × 64 outputs per consumer warpgroup, for FP8 tiles with one CTA per SM.
+/// 2026-11-30, H200, both in one run (perf.md v19): staging made FP8 T=8192 −3 %, but the BF16
+/// route's 256-token cluster tiles +3 % (a stage less; the pipeline's mx32 +7 %), so BF16 keeps
+/// storing its fragments directly; two CTAs per SM (small tiles) have no memory to spare.
+const fn epilogue_bytes(mma: Mma, ctas_per_sm: usize, tokens_per_tile: usize) -> usize {
     if matches!(mma, Mma::Fp8) && ctas_per_sm == 1 {
-        2 * 32 * (128 + 16)
+        2 * tokens_per_tile * 128
     } else {
         0
     }
@@ -320,7 +320,8 @@ impl TilePlan {
     /// small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
-        let stages = ((SMEM_BUDGET[ctas_per_sm - 1] - epilogue_bytes(self.mma, ctas_per_sm))
+        let stages = ((SMEM_BUDGET[ctas_per_sm - 1]
+            - epilogue_bytes(self.mma, ctas_per_sm, self.tokens_per_tile))
             / self.stage_bytes)
             .min(MAX_STAGES);
         Self {
@@ -419,7 +420,7 @@ impl TilePlan {
     /// longer than the stages.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
-            + epilogue_bytes(self.mma, self.ctas_per_sm)
+            + epilogue_bytes(self.mma, self.ctas_per_sm, self.tokens_per_tile)
             + (24 * self.stages).next_multiple_of(16)
             + 128
             + 32 * (self.stages + 1)
@@ -786,6 +787,21 @@ impl GemmCore {
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
         let (out_addr, _g6) = out.device_ptr_mut(stream);
+        // The epilogue's box (FP8 one-CTA tiles): a consumer warpgroup's 64 outputs of BN tokens, in
+        // the layout its shared buffer holds them; other plans get the activations' map, unread.
+        let out_map = if epilogue_bytes(self.plan.mma, self.plan.ctas_per_sm, bn as usize) > 0 {
+            TensorMapDesc::matrix(
+                TmaDataType::BF16,
+                out_addr,
+                [pool.rows as u64, weights.n as u64],
+                weights.n as u64 * 2,
+                [bn, 64],
+            )
+            .swizzle(Swizzle::B128)
+            .encode()?
+        } else {
+            map
+        };
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
         let (tickets, _g9) = if self.plan.schedules_dynamically() {
@@ -835,6 +851,7 @@ impl GemmCore {
                 .launch(stream, config)
                 .scalar(params)
                 .tensor_map(&map)
+                .tensor_map(&out_map)
                 .launch()?
         };
         Ok(())
