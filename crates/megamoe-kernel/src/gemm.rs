@@ -1,7 +1,8 @@
 //! The Hopper grouped GEMM (`cuda/sm90_moe_gemm.cuh`) from the host: its JIT specializations
 //! (tensor-core route × tokens per tile), the shared-memory plan they are compiled with, weights and
 //! pools on the device (a pool is read by address: a `CudaSlice` or a region of a symmetric
-//! buffer), input validation, and the launch.
+//! buffer), input validation, and the launch with its tensor maps (the activations; the output,
+//! for the epilogue's TMA stores).
 
 use std::marker::PhantomData;
 
