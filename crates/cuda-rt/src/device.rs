@@ -158,6 +158,23 @@ impl Gpu {
         self.stream.clone_htod(host).call("cuMemcpyHtoDAsync")
     }
 
+    /// Copies `host` into the first `host.len()` elements of `dst` (a buffer reused from call to
+    /// call: no allocation), ordered on the stream.
+    pub fn upload_into<T: DeviceRepr>(&self, host: &[T], dst: &mut CudaSlice<T>) -> Result<()> {
+        if host.len() > dst.len() {
+            return Err(Error::CopyTooLong {
+                len: host.len(),
+                capacity: dst.len(),
+            });
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(host, &mut dst.slice_mut(0..host.len()))
+            .call("cuMemcpyHtoDAsync")
+    }
+
     /// Copies `src` to the host once the stream's earlier work is done.
     pub fn download<T: DeviceRepr>(&self, src: &impl DevicePtr<T>) -> Result<Vec<T>> {
         let host = self.stream.clone_dtoh(src).call("cuMemcpyDtoHAsync")?;

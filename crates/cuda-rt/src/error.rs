@@ -55,6 +55,8 @@ pub enum Error {
     InvalidSpec { kernel: String, reason: String },
     #[error("invalid launch of `{kernel}`: {reason}")]
     InvalidLaunch { kernel: String, reason: String },
+    #[error("cannot copy {len} elements into a device buffer of {capacity}")]
+    CopyTooLong { len: usize, capacity: usize },
     #[error("device {from} cannot access device {to}'s memory (cuDeviceCanAccessPeer says no)")]
     PeerAccess { from: usize, to: usize },
     #[error(transparent)]

@@ -1,6 +1,11 @@
 // sm90_unfused.cu -- JIT entry points of the unfused pipeline's glue kernels (sm90_unfused.cuh);
-// specialized with -DUF_G=<32|128> -DUF_L1_FP8_POOL=<0|1> -DUF_L2_FP8_POOL=<0|1>. Launched with mm::unfused::kThreads threads per CTA.
+// specialized with -DUF_G=<32|128> -DUF_L1_FP8_POOL=<0|1> -DUF_L2_FP8_POOL=<0|1>. Launched with mm::unfused::kThreads threads per CTA (uf_route: kRouteThreads).
 #include "sm90_unfused.cuh"
+
+extern "C" __global__ void __launch_bounds__(mm::unfused::kRouteThreads)
+    uf_route(const __grid_constant__ mm::unfused::RouteParams p) {
+  mm::unfused::route(p);
+}
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_dispatch(const __grid_constant__ mm::unfused::DispatchParams p) {

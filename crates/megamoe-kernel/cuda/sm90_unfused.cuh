@@ -2,6 +2,13 @@
 // of sm90_moe_gemm.cuh runs L1 and L2 between them):
 // Each kernel takes its rows (pairs, pool rows, tokens) along grid x and may split a row's channels
 // over grid y (first_channel / channel_stride) when there are too few rows to fill the GPU.
+//   uf_route           one CTA per global expert: the destination pool row of each of this rank's
+//                      pairs of that expert, consecutive in (token, slot) order from the first row
+//                      the owner's plan gives this rank (the host's plan is O(ranks x experts); the
+//                      per-pair work stays on the device, so a forward needs no host round trip);
+//                      for this rank's own experts it also marks the padding rows after each one, so
+//                      that every row of the pool's plan is rewritten by every forward (the dispatch
+//                      writes the others) and the metadata needs no reset between forwards;
 //   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
 //                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
 //                      records the row's source (RowMeta);
@@ -43,7 +50,8 @@ typedef unsigned long long u64;
 
 constexpr int kThreads = 128;
 
-// The source of one pool row; token < 0 marks a padding row (the host fills the table with 0xff).
+// The source of one pool row; token < 0 marks a padding row (uf_route writes them; the host fills the
+// table with 0xff when the pipeline is built).
 struct RowMeta {
   int rank;
   int token;
@@ -69,6 +77,16 @@ struct DispatchParams {
   // k128 block into the table); BF16 pool, the E4M3 row and its H/G scales (half the bytes of the
   // widened row).
   int staged;
+};
+
+struct RouteParams {
+  const int* topk_idx;      // [pairs] global expert, -1 = masked
+  const int* first_row;     // [E] this rank's first row among expert e's rows in its owner's pool
+  int* route;               // [pairs] out: destination row, -1 = masked
+  const int* expert_offset; // [E/R] this rank's own plan: first row and rows of each local expert
+  const int* expert_rows;
+  RowMeta* meta;            // [pool rows] this rank's own
+  int pairs, experts_per_rank, rank, pad_;
 };
 
 struct UnstageParams {
@@ -162,6 +180,77 @@ __device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* 
   }
 }
 #endif
+
+// uf_route: kRouteThreads threads take kRoutePerThread consecutive pairs each per round; a block-wide
+// exclusive scan of each thread's matches gives every pair of expert e its rank in (token, slot)
+// order. Every CTA reads all pairs (E x 4 bytes x T x k from L2: 9 MB for V4-Pro at T = 8192, one
+// rank), in rounds of 8192 pairs. CTA 0 also marks the masked pairs.
+constexpr int kRouteThreads = 512;
+constexpr int kRoutePerThread = 16;
+__device__ __forceinline__ void route(const RouteParams& p) {
+  constexpr int kWarps = kRouteThreads / 32;
+  __shared__ int warp_matches[kWarps];
+  const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // This rank's own expert: its padding rows (up to the next multiple of 16, as the plan pads).
+  if (e / p.experts_per_rank == p.rank && threadIdx.x < 16) {
+    const int el = e % p.experts_per_rank;
+    const int end = p.expert_offset[el] + p.expert_rows[el], row = end + threadIdx.x;
+    if (row < ((end + 15) & ~15)) {
+      RowMeta pad;
+      pad.rank = pad.token = pad.slot = -1;
+      pad.weight = __int_as_float(-1);
+      p.meta[row] = pad;
+    }
+  }
+  int next = p.first_row[e];
+  for (int round = 0; round < p.pairs; round += kRouteThreads * kRoutePerThread) {
+    const int first = round + threadIdx.x * kRoutePerThread;
+    int ids[kRoutePerThread];
+    if (first + kRoutePerThread <= p.pairs) {
+      // 64 aligned bytes (topk_idx is a whole allocation): four 16-byte loads.
+#pragma unroll
+      for (int v = 0; v < kRoutePerThread / 4; ++v) {
+        const int4 q = reinterpret_cast<const int4*>(p.topk_idx + first)[v];
+        ids[4 * v] = q.x;
+        ids[4 * v + 1] = q.y;
+        ids[4 * v + 2] = q.z;
+        ids[4 * v + 3] = q.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRoutePerThread; ++i) ids[i] = first + i < p.pairs ? p.topk_idx[first + i] : -2;
+    }
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < kRoutePerThread; ++i) mine += ids[i] == e;
+    int inclusive = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += v;
+    }
+    if (lane == 31) warp_matches[warp] = inclusive;
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int m = warp_matches[w];
+      before += w < warp ? m : 0;
+      total += m;
+    }
+    __syncthreads();  // warp_matches is rewritten in the next round
+    int row = next + before + inclusive - mine;
+#pragma unroll
+    for (int i = 0; i < kRoutePerThread; ++i) {
+      if (ids[i] == e) {
+        p.route[first + i] = row++;
+      } else if (e == 0 && ids[i] == -1) {
+        p.route[first + i] = -1;
+      }
+    }
+    next += total;
+  }
+}
 
 __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   const int pair = blockIdx.x;
@@ -357,6 +446,7 @@ __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
 static_assert(sizeof(DispatchParams) == 104, "DispatchParams layout");
+static_assert(sizeof(RouteParams) == 64, "RouteParams layout");
 static_assert(sizeof(UnstageParams) == 56, "UnstageParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");

@@ -15,14 +15,16 @@
 //! and hands to [`Pipeline::new`] as every rank's base address mapped in this process. Every
 //! rank's [`PeerAddresses`] follow from its base and the fixed offsets, so no address is
 //! exchanged. This module knows no world: the caller exchanges the expert counts (e.g. through
-//! `symm_mem::World::all_gather`) and meets the other ranks on the host once per forward, before
-//! the dispatch (no peer may write into a rank's pool or metadata before it is ready for them).
+//! `symm_mem::World::all_gather`: R × E numbers, no GPU synchronization). Every row of a rank's
+//! pool plan gets its metadata rewritten by every forward — the dispatches write the pairs' rows,
+//! `uf_route` the padding after each expert — so the metadata needs no reset between forwards.
 //!
 //! Host-side bookkeeping (runs everywhere, tested without a GPU): [`expert_counts`] of a source
 //! rank, the owner's [`PoolPlan`] (expert offsets, multiples of [`POOL_ROW_ALIGN`] rows; inside an
-//! expert the rows of source rank 0 first, then rank 1, …, each in (token, slot) order), the
-//! destination row of every (token, slot) pair of a source ([`routes`]), and the symmetric
-//! buffer's [`PeerLayout`] with the peer table derived from the ranks' bases.
+//! expert the rows of source rank 0 first, then rank 1, …, each in (token, slot) order; a plan that
+//! overflows the pools is refused before anything is queued), and the symmetric buffer's
+//! [`PeerLayout`] with the peer table derived from the ranks' bases. The destination row of every
+//! (token, slot) pair is the device's work (`uf_route`, O(T·k)); [`routes`] is its host twin.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -438,6 +440,25 @@ struct DispatchParams {
     staged: i32,
 }
 
+/// `mm::unfused::RouteParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct RouteParams {
+    topk_idx: u64,
+    first_row: u64,
+    route: u64,
+    expert_offset: u64,
+    expert_rows: u64,
+    meta: u64,
+    pairs: i32,
+    experts_per_rank: i32,
+    rank: i32,
+    pad: i32,
+}
+
+/// Threads per CTA of `uf_route` (`mm::unfused::kRouteThreads`).
+const ROUTE_THREADS: u32 = 512;
+
 /// `mm::unfused::UnstageParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -515,6 +536,7 @@ const _: () = {
     assert!(size_of::<RankBarrierParams>() == 32);
     assert!(size_of::<RowMeta>() == 16);
     assert!(size_of::<DispatchParams>() == 104);
+    assert!(size_of::<RouteParams>() == 64);
     assert!(size_of::<UnstageParams>() == 56);
     assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
@@ -554,6 +576,7 @@ pub fn kernels() -> Vec<KernelSpec> {
 pub struct GlueKernels {
     pub recipe: Recipe,
     silu_table: Kernel,
+    route: Kernel,
     dispatch: Kernel,
     unstage: Kernel,
     swiglu: Kernel,
@@ -570,6 +593,7 @@ impl GlueKernels {
         Ok(Self {
             recipe,
             silu_table: module.kernel("uf_silu_table")?,
+            route: module.kernel("uf_route")?,
             dispatch: module.kernel("uf_dispatch")?,
             unstage: module.kernel("uf_unstage")?,
             swiglu: module.kernel("uf_swiglu")?,
@@ -684,10 +708,8 @@ pub struct PeerAddresses {
     pub signals: u64,
 }
 
-/// One rank's inputs on the device for one forward.
+/// One rank's inputs on the device, sized for `max_tokens` and reused by every forward.
 struct Inputs {
-    tokens: usize,
-    topk_host: Vec<i64>,
     x: CudaSlice<u8>,
     x_sf: CudaSlice<u8>,
     topk_idx: CudaSlice<i32>,
@@ -724,19 +746,6 @@ fn glue_grid_for(sms: usize, rows: usize, channels: usize, per_thread: usize) ->
     LaunchConfig::new([rows as u32, split as u32, 1], [THREADS, 1, 1])
 }
 
-/// Uploads `data`, or one `fill` element when it is empty (no zero-byte allocations).
-fn upload_nonempty<T: cuda_rt::cudarc::driver::DeviceRepr + Copy>(
-    gpu: &Gpu,
-    data: &[T],
-    fill: T,
-) -> Result<CudaSlice<T>, cuda_rt::Error> {
-    if data.is_empty() {
-        gpu.upload(&[fill])
-    } else {
-        gpu.upload(data)
-    }
-}
-
 /// `len.max(1)` elements poisoned with `0xff` bytes.
 fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::ValidAsZeroBits>(
     gpu: &Gpu,
@@ -751,11 +760,12 @@ fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::Va
 /// pool, y), its view of every rank's symmetric buffer (its own L1 pool, metadata and combine
 /// buffer live in its own), and a method per stage. Every stage is queued on the GPU's stream;
 /// [`Pipeline::stage_sync`] waits for it. The caller runs, on every rank in this order:
-/// [`Pipeline::set_inputs`] (+ the counts exchange and [`Pipeline::set_plans`]),
-/// [`Pipeline::reset_meta`], *sync + barrier*, [`Pipeline::dispatch`], *sync + barrier*,
-/// [`Pipeline::l1`], [`Pipeline::swiglu`], [`Pipeline::l2`], [`Pipeline::combine_send`], *sync +
-/// barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`]. After the last barrier no peer
-/// touches this rank's symmetric buffer again.
+/// [`Pipeline::set_inputs`] (+ the counts exchange and [`Pipeline::set_plans`]), *a host meeting*
+/// (no rank compiles while a peer waits on the device), [`Pipeline::dispatch`], *barrier*,
+/// [`Pipeline::l1`], [`Pipeline::swiglu`], [`Pipeline::l2`], [`Pipeline::combine_send`],
+/// *barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`] (*barrier* =
+/// [`Pipeline::rank_barrier`], on the device). After the last barrier no peer touches this rank's
+/// symmetric buffer until its next dispatch.
 pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
@@ -785,10 +795,18 @@ pub struct Pipeline {
     l2_sf: CudaSlice<u8>,
     l2_out: CudaSlice<u16>,
     y: CudaSlice<u16>,
-    inputs: Option<Inputs>,
+    inputs: Inputs,
+    /// This forward's T ([`Pipeline::set_inputs`]).
+    tokens: Option<usize>,
     plan: Option<PoolPlan>,
-    route: Option<CudaSlice<i32>>,
-    offsets_dev: Option<(CudaSlice<i32>, CudaSlice<i32>)>,
+    /// `[E]`: this rank's first row among each global expert's rows in its owner's pool.
+    first_row: CudaSlice<i32>,
+    /// `[max_tokens·k]`: each (token, slot) pair's row in its owner's pool, −1 when masked
+    /// (`uf_route`).
+    route: CudaSlice<i32>,
+    /// This rank's expert table (its plan's offsets and rows), `[E/R]` each.
+    expert_offset: CudaSlice<i32>,
+    expert_rows: CudaSlice<i32>,
 }
 
 impl Pipeline {
@@ -837,6 +855,7 @@ impl Pipeline {
         let table = layout.peer_table(peer_bases, shape.num_ranks)?;
         let view = SymmBuffer::new(rank as u32, peer_bases)?;
         let rows = shape.pool_rows;
+        let pairs = shape.max_tokens * shape.top_k;
         let glue = GlueKernels::new(gpu, jit, shape.recipe, routes)?;
         let mut silu = gpu.alloc_zeros::<f32>(BF16_VALUES)?;
         // SAFETY: one thread per entry of the 65536-entry table.
@@ -869,10 +888,18 @@ impl Pipeline {
             l2_sf: poisoned(gpu, shape.sf_bytes(routes.l2, i))?,
             l2_out: poisoned(gpu, rows * h)?,
             y: poisoned(gpu, shape.max_tokens * h)?,
-            inputs: None,
+            inputs: Inputs {
+                x: poisoned(gpu, shape.max_tokens * h)?,
+                x_sf: poisoned(gpu, shape.max_tokens * h / shape.recipe.group())?,
+                topk_idx: poisoned(gpu, pairs)?,
+                topk_w: poisoned(gpu, pairs)?,
+            },
+            tokens: None,
             plan: None,
-            route: None,
-            offsets_dev: None,
+            first_row: poisoned(gpu, shape.num_experts)?,
+            route: poisoned(gpu, pairs)?,
+            expert_offset: poisoned(gpu, el)?,
+            expert_rows: poisoned(gpu, el)?,
         };
         // Last, so that nothing is queued on this buffer when an earlier step fails; no peer
         // writes into it before the first forward's host meeting. The barrier's signals start at 0.
@@ -950,20 +977,19 @@ impl Pipeline {
         }
         let counts = expert_counts(topk_idx, k, s.num_experts)?;
         let idx32: Vec<i32> = topk_idx.iter().map(|&e| e as i32).collect();
-        self.inputs = Some(Inputs {
-            tokens,
-            topk_host: topk_idx.to_vec(),
-            x: upload_nonempty(gpu, x, 0)?,
-            x_sf: upload_nonempty(gpu, x_sf, 127)?,
-            topk_idx: upload_nonempty(gpu, &idx32, -1)?,
-            topk_w: upload_nonempty(gpu, topk_weights, 0.0)?,
-        });
+        let inputs = &mut self.inputs;
+        gpu.upload_into(x, &mut inputs.x)?;
+        gpu.upload_into(x_sf, &mut inputs.x_sf)?;
+        gpu.upload_into(&idx32, &mut inputs.topk_idx)?;
+        gpu.upload_into(topk_weights, &mut inputs.topk_w)?;
+        self.tokens = Some(tokens);
         Ok(counts)
     }
 
-    /// Every owner's plan from every source's counts (`counts[src]`): this rank's routes and its
-    /// own expert table. Every rank computes every plan, so a capacity error is seen by all ranks
-    /// alike (none waits at a barrier for one that refused).
+    /// Every owner's plan from every source's counts (`counts[src]`): where this rank's pairs of
+    /// each expert start (for `uf_route`, queued by [`Pipeline::dispatch`]) and its own expert
+    /// table, uploaded on the stream. Every rank computes every plan, so a capacity error is seen
+    /// by all ranks alike (none waits at a barrier for one that refused), before anything is queued.
     pub fn set_plans(&mut self, gpu: &Gpu, counts: &[Vec<u32>]) -> Result<(), UnfusedError> {
         let s = self.shape;
         let el = s.experts_per_rank();
@@ -982,15 +1008,14 @@ impl Pipeline {
         let plans = (0..s.num_ranks)
             .map(|owner| PoolPlan::new(counts, owner, el, s.pool_rows))
             .collect::<Result<Vec<_>, _>>()?;
-        let inputs = self.inputs.as_ref().expect("set_inputs before set_plans");
-        let route = routes(&inputs.topk_host, self.rank, &plans, el);
-        self.route = Some(upload_nonempty(gpu, &route, -1)?);
+        let first_row: Vec<i32> = (0..s.num_experts)
+            .map(|e| plans[e / el].source_base[self.rank][e % el])
+            .collect();
+        gpu.upload_into(&first_row, &mut self.first_row)?;
         self.staged_rows = stages_rows(&plans);
         let own = plans[self.rank].clone();
-        self.offsets_dev = Some((
-            upload_nonempty(gpu, &own.expert_offset, 0)?,
-            upload_nonempty(gpu, &own.expert_rows, 0)?,
-        ));
+        gpu.upload_into(&own.expert_offset, &mut self.expert_offset)?;
+        gpu.upload_into(&own.expert_rows, &mut self.expert_rows)?;
         self.plan = Some(own);
         Ok(())
     }
@@ -998,13 +1023,6 @@ impl Pipeline {
     /// This rank's pool plan (after [`Pipeline::set_plans`]).
     pub fn plan(&self) -> Option<&PoolPlan> {
         self.plan.as_ref()
-    }
-
-    /// Marks every pool row as padding before the peers dispatch into it.
-    pub fn reset_meta(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
-        // Peers dispatch into it only after the barrier that follows.
-        self.fill_own(gpu, self.layout.meta, 0xff)?;
-        Ok(())
     }
 
     /// Waits for this rank's queued stages.
@@ -1057,22 +1075,56 @@ impl Pipeline {
         Ok(barriers::check_error_word(word)?)
     }
 
-    /// Stage 1: this rank's (token, slot) rows into their owners' L1 pools (peer writes).
+    /// Stage 1: the destination row of each of this rank's (token, slot) pairs and the padding
+    /// marks of its own pool (`uf_route`), then the pairs' rows into their owners' L1 pools (peer
+    /// writes).
     pub fn dispatch(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
-        let inputs = self.inputs.as_ref().expect("set_inputs before dispatch");
-        let pairs = inputs.tokens * s.top_k;
+        let tokens = self.tokens.expect("set_inputs before dispatch");
+        assert!(self.plan.is_some(), "set_plans before dispatch");
+        let pairs = tokens * s.top_k;
+        let own_meta = self.own().meta;
+        let inputs = &self.inputs;
+        let stream = gpu.stream();
+        let (topk_idx, _g4) = inputs.topk_idx.device_ptr(stream);
+        let (first_row, _g6) = self.first_row.device_ptr(stream);
+        let (route, _g3) = self.route.device_ptr_mut(stream);
+        let (expert_offset, _g7) = self.expert_offset.device_ptr(stream);
+        let (expert_rows, _g8) = self.expert_rows.device_ptr(stream);
+        let params = RouteParams {
+            topk_idx,
+            first_row,
+            route,
+            expert_offset,
+            expert_rows,
+            meta: own_meta,
+            pairs: pairs as i32,
+            experts_per_rank: s.experts_per_rank() as i32,
+            rank: self.rank as i32,
+            pad: 0,
+        };
+        // SAFETY: topk_idx and route hold max_tokens·k >= pairs elements, first_row one per global
+        // expert (the grid), the expert table one per local expert; the ids were checked against E
+        // by set_inputs; padding rows lie below this rank's plan.rows <= pool_rows (its meta
+        // region's rows), and peers write only the pairs' rows.
+        // Launched with no pairs too: peers may send rows, and the padding must be marked.
+        unsafe {
+            self.glue
+                .route
+                .launch(
+                    stream,
+                    LaunchConfig::linear(s.num_experts as u32, ROUTE_THREADS),
+                )
+                .scalar(params)
+                .launch()?
+        };
         if pairs == 0 {
             return Ok(());
         }
-        let route = self.route.as_ref().expect("set_plans before dispatch");
-        let stream = gpu.stream();
         let (peer_base, _g0) = self.peers.device_ptr(stream);
         let r = s.num_ranks as u64;
         let (x, _g1) = inputs.x.device_ptr(stream);
         let (x_sf, _g2) = inputs.x_sf.device_ptr(stream);
-        let (route, _g3) = route.device_ptr(stream);
-        let (topk_idx, _g4) = inputs.topk_idx.device_ptr(stream);
         let (topk_w, _g5) = inputs.topk_w.device_ptr(stream);
         let params = DispatchParams {
             x,
@@ -1084,7 +1136,7 @@ impl Pipeline {
             pool_sf: peer_base + 8 * r,
             pool_staged: peer_base + 16 * r,
             pool_meta: peer_base + 24 * r,
-            tokens: inputs.tokens as i32,
+            tokens: tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,
             experts_per_rank: s.experts_per_rank() as i32,
@@ -1093,8 +1145,8 @@ impl Pipeline {
             rank: self.rank as i32,
             staged: i32::from(self.staged_rows),
         };
-        // SAFETY: routes are rows below every owner's plan.rows <= pool_rows (checked by
-        // PoolPlan::new on every rank), the peer table holds every rank's live symmetric buffer
+        // SAFETY: uf_route's rows (from every owner's plan, as the host's `routes` would give them)
+        // lie below the owner's plan.rows <= pool_rows (checked by PoolPlan::new), the peer table holds every rank's live symmetric buffer
         // of `shape.peer_layout()` (Pipeline::new's contract).
         unsafe {
             self.glue
@@ -1160,7 +1212,6 @@ impl Pipeline {
         let key = self.core(gpu, jit, second)?;
         let mma = key.0;
         let plan = self.plan.as_ref().expect("plan");
-        let (offsets_dev, rows_dev) = self.offsets_dev.as_ref().expect("set_plans");
         let (act, sf, weights, out) = if second {
             (
                 DeviceBytes::of(gpu, &self.l2_act),
@@ -1187,8 +1238,8 @@ impl Pipeline {
             rows: plan.rows,
             expert_offset: &plan.expert_offset,
             expert_rows: &plan.expert_rows,
-            expert_offset_dev: offsets_dev,
-            expert_rows_dev: rows_dev,
+            expert_offset_dev: &self.expert_offset,
+            expert_rows_dev: &self.expert_rows,
         };
         self.cores
             .get_mut(&key)
@@ -1329,24 +1380,23 @@ impl Pipeline {
     /// this rank's own L2 output for slots its experts computed; masked-only tokens → 0.
     pub fn combine_reduce(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
-        let inputs = self.inputs.as_ref().expect("set_inputs before combine");
-        if inputs.tokens == 0 {
+        let tokens = self.tokens.expect("set_inputs before combine");
+        if tokens == 0 {
             return Ok(());
         }
         let combine = self.own().combine;
         let stream = gpu.stream();
-        let (topk_idx, _g2) = inputs.topk_idx.device_ptr(stream);
+        let (topk_idx, _g2) = self.inputs.topk_idx.device_ptr(stream);
         let (y, _g3) = self.y.device_ptr_mut(stream);
         let (l2_out, _g4) = self.l2_out.device_ptr(stream);
-        let route = self.route.as_ref().expect("set_plans before combine");
-        let (route, _g5) = route.device_ptr(stream);
+        let (route, _g5) = self.route.device_ptr(stream);
         let params = CombineReduceParams {
             combine,
             topk_idx,
             y,
             l2_out,
             route,
-            tokens: inputs.tokens as i32,
+            tokens: tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
@@ -1358,7 +1408,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .combine_reduce
-                .launch(stream, glue_grid(gpu, inputs.tokens, s.hidden, 8))
+                .launch(stream, glue_grid(gpu, tokens, s.hidden, 8))
                 .scalar(params)
                 .launch()?
         };
@@ -1367,23 +1417,12 @@ impl Pipeline {
 
     /// This forward's `y`, BF16 bits `[T][H]`.
     pub fn download_y(&self, gpu: &Gpu) -> Result<Vec<u16>, UnfusedError> {
-        let tokens = self.inputs.as_ref().map_or(0, |i| i.tokens);
+        let tokens = self.tokens.unwrap_or(0);
         if tokens == 0 {
             return Ok(Vec::new());
         }
         // Only this forward's rows: the buffer holds max_tokens of them (117 MB for V4-Pro at 8192).
         Ok(gpu.download(&self.y.slice(0..tokens * self.shape.hidden))?)
-    }
-
-    /// Downloads this rank's pool rows' metadata (tests).
-    pub fn download_meta(&self, gpu: &Gpu) -> Result<Vec<RowMeta>, UnfusedError> {
-        let mut bytes = vec![0u8; self.layout.meta.bytes];
-        // SAFETY: this rank's meta region (Pipeline::new's contract).
-        unsafe { gpu.read_raw(self.own().meta, &mut bytes)? };
-        Ok(bytes
-            .chunks_exact(size_of::<RowMeta>())
-            .map(bytemuck::pod_read_unaligned)
-            .collect())
     }
 }
 

@@ -1,7 +1,12 @@
-//! The unfused pipeline's device-side cross-rank barrier, on one GPU: rank 0 of a two-rank world
-//! whose rank 1 exists only as a second buffer. A barrier passes once rank 1's signal is there; one
-//! that rank 1 never reaches ends after the timeout in an error naming rank 1 and the epoch, not a
-//! hang, and every later barrier of the out-of-step pipeline fails at once.
+//! The unfused pipeline's device-side pieces, on one GPU, as rank 0 of a two-rank world whose rank 1
+//! exists only as a second buffer:
+//! - the cross-rank barrier: one passes once rank 1's signal is there; one that rank 1 never
+//!   reaches ends after the timeout in an error naming rank 1 and the epoch, not a hang, and every
+//!   later barrier of the out-of-step pipeline fails at once;
+//! - the device's routes (`uf_route`): every pair lands in the row its host twin `routes` gives,
+//!   in both owners' pools, as the dispatch's row metadata shows, and every other row of the plan
+//!   is either a peer's or marked as padding.
+//!
 //! (The barrier between real ranks runs in every multi-GPU test of `megamoe`'s `gpu_cuda`.)
 
 use std::time::{Duration, Instant};
@@ -12,8 +17,10 @@ use cuda_rt::Jit;
 use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr};
 use fp_formats::Recipe;
 use megamoe_kernel::problem::ExpertWeights;
-use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
+use megamoe_kernel::unfused::{Pipeline, PipelineShape, PoolPlan, RowMeta, UnfusedError, routes};
 use megamoe_kernel::{Mma, transform_weights};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 fn address(gpu: &Gpu, buffer: &CudaSlice<u8>) -> u64 {
     buffer.device_ptr(gpu.stream()).0
@@ -30,12 +37,15 @@ fn timeout_of(err: UnfusedError) -> (u32, u32, u64) {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn a_rank_that_never_arrives_times_out_into_an_error() {
-    let gpu = Gpu::open(0).expect("GPU 0");
+/// Rank 0's pipeline (H 256, I 128, top-2, E experts over two ranks, T_max tokens) and both
+/// ranks' symmetric buffers; the pipeline must be dropped before the buffers.
+fn rank_0_of_two(
+    gpu: &Gpu,
+    experts: usize,
+    max_tokens: usize,
+) -> (Pipeline, Vec<CudaSlice<u8>>, Vec<u64>) {
     let jit = Jit::new().expect("JIT");
-    let (h, i, experts, top_k, ranks, tokens) = (256, 128, 4, 2, 2, 8);
+    let (h, i, top_k, ranks) = (256, 128, 2, 2);
     let shape = PipelineShape::new(
         Recipe::G128,
         Mma::Bf16,
@@ -44,7 +54,7 @@ fn a_rank_that_never_arrives_times_out_into_an_error() {
         experts,
         top_k,
         ranks,
-        tokens,
+        max_tokens,
         None,
     )
     .unwrap();
@@ -58,10 +68,114 @@ fn a_rank_that_never_arrives_times_out_into_an_error() {
     let buffers: Vec<CudaSlice<u8>> = (0..ranks)
         .map(|_| gpu.alloc_zeros::<u8>(layout.bytes).unwrap())
         .collect();
-    let bases: Vec<u64> = buffers.iter().map(|b| address(&gpu, b)).collect();
-    // SAFETY: both buffers are live for the whole test and hold `layout.bytes` bytes on this GPU;
-    // only this pipeline (and the host, below, as rank 1) writes into them.
-    let mut pipe = unsafe { Pipeline::new(&gpu, &jit, shape, 0, &w1, &w2, &bases) }.unwrap();
+    let bases: Vec<u64> = buffers.iter().map(|b| address(gpu, b)).collect();
+    // SAFETY: both buffers are live until the caller drops them after the pipeline and hold
+    // `layout.bytes` bytes on this GPU; only this pipeline (and the host, as rank 1) writes into them.
+    let pipe = unsafe { Pipeline::new(gpu, &jit, shape, 0, &w1, &w2, &bases) }.unwrap();
+    (pipe, buffers, bases)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_routes_match_their_host_twin() {
+    let gpu = Gpu::open(0).expect("GPU 0");
+    // 5000 pairs: two rounds of uf_route's 4096.
+    let (experts, tokens) = (6, 2500);
+    let (mut pipe, buffers, bases) = rank_0_of_two(&gpu, experts, tokens);
+    let s = pipe.shape;
+    let (h, k, el) = (s.hidden, s.top_k, s.experts_per_rank());
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    // Skewed ids (expert 0 takes about half), masked slots, fresh data.
+    let topk: Vec<i64> = (0..tokens * k)
+        .map(|_| match rng.random_range(0..10) {
+            0 => -1,
+            1..=4 => 0,
+            _ => rng.random_range(0..experts as i64),
+        })
+        .collect();
+    let weights: Vec<f32> = (0..tokens * k).map(|_| rng.random()).collect();
+    let x: Vec<u8> = (0..tokens * h).map(|_| rng.random_range(0..0x7e)).collect();
+    let x_sf = vec![127u8; tokens * h / 128];
+    let ours = pipe.set_inputs(&gpu, &x, &x_sf, &topk, &weights).unwrap();
+    // Rank 1's counts: some rows ahead of ours in every expert.
+    let theirs: Vec<u32> = (0..experts).map(|e| 3 * e as u32 + 1).collect();
+    let counts = vec![ours, theirs];
+    pipe.set_plans(&gpu, &counts).unwrap();
+    // Our pool's metadata as a past forward may have left it: every row a valid-looking source.
+    let layout = s.peer_layout();
+    // SAFETY: the meta region of our live buffer; nothing else is queued.
+    unsafe { gpu.memset_raw(bases[0] + layout.meta.offset as u64, layout.meta.bytes, 0) }.unwrap();
+    pipe.dispatch(&gpu).unwrap();
+    pipe.stage_sync(&gpu).unwrap();
+
+    let plans: Vec<PoolPlan> = (0..2)
+        .map(|owner| PoolPlan::new(&counts, owner, el, s.pool_rows).unwrap())
+        .collect();
+    let expected = routes(&topk, 0, &plans, el);
+    let metas: Vec<Vec<RowMeta>> = bases
+        .iter()
+        .map(|&base| {
+            let mut bytes = vec![0u8; layout.meta.bytes];
+            // SAFETY: the meta region of a live buffer of `layout.bytes` bytes.
+            unsafe { gpu.read_raw(base + layout.meta.offset as u64, &mut bytes) }.unwrap();
+            bytes
+                .chunks_exact(size_of::<RowMeta>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect()
+        })
+        .collect();
+    // Each of our pairs is in the row the host twin gives, in its owner's pool.
+    let mut ours_in_own_pool = vec![false; plans[0].rows];
+    for (pair, &e) in topk.iter().enumerate() {
+        if e < 0 {
+            continue;
+        }
+        let owner = e as usize / el;
+        let row = expected[pair] as usize;
+        let m = metas[owner][row];
+        assert_eq!(
+            (m.rank, m.token, m.slot, m.weight),
+            (0, (pair / k) as i32, (pair % k) as i32, weights[pair]),
+            "pair {pair} (expert {e}) should be row {row} of rank {owner}'s pool"
+        );
+        if owner == 0 {
+            ours_in_own_pool[row] = true;
+        }
+    }
+    // Every other row of our plan: rank 1's (it never dispatched: left as it was) or padding.
+    let own = &plans[0];
+    for (row, m) in metas[0][..own.rows].iter().enumerate() {
+        if ours_in_own_pool[row] {
+            continue;
+        }
+        let of_rank_1 = (0..el).any(|x| {
+            let first = own.source_base[1][x] as usize;
+            (first..first + counts[1][x] as usize).contains(&row)
+        });
+        if of_rank_1 {
+            assert_eq!(
+                (m.rank, m.token),
+                (0, 0),
+                "row {row} (rank 1's) was written"
+            );
+        } else {
+            assert!(m.token < 0, "padding row {row} is not marked: {m:?}");
+        }
+    }
+    assert!(
+        own.rows > own.expert_rows.iter().sum::<i32>() as usize,
+        "the plan has padding"
+    );
+    drop(pipe);
+    drop(buffers);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_rank_that_never_arrives_times_out_into_an_error() {
+    let gpu = Gpu::open(0).expect("GPU 0");
+    let (mut pipe, buffers, bases) = rank_0_of_two(&gpu, 4, 8);
+    let layout = pipe.shape.peer_layout();
     let timeout = Duration::from_millis(50);
     pipe.set_barrier_timeout(timeout);
 

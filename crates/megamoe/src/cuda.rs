@@ -11,8 +11,10 @@
 //! Each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
 //! combine buffer, the barrier's signals) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
 //! base, as mapped in its process, to the pipeline; no address is exchanged. The ranks exchange
-//! expert counts per forward with `all_gather` and meet once on the host (their pools are ready
-//! for the dispatch); then every stage is queued at once, and after each stage that writes into a
+//! expert counts per forward with `all_gather` (the host plans the pools from them and refuses an
+//! overflow) and meet once more on the host after compiling what the forward needs; with no GPU
+//! synchronization every stage is then queued at once (each pair's pool row is found on the
+//! device), and after each stage that writes into a
 //! peer's memory (dispatch, combine send) the ranks meet on the device (`Pipeline::rank_barrier`,
 //! which times out into an error that the forward returns). The GEMMs' tensor-core route ([`Mma`]) is the
 //! caller's choice: BF16 is exact for both recipes (accepted at calc_diff ≤ 1e-5, DESIGN §1;
@@ -88,9 +90,10 @@ pub enum CudaError {
 pub struct StageTimes {
     /// Host: validation of the inputs and their upload.
     pub upload: Duration,
-    /// Host: counts exchange, pool plans and routes, metadata reset, first barrier.
+    /// Host: counts exchange, pool plans (a capacity overflow is refused here), GEMM cores, the
+    /// host meeting. No GPU synchronization: the stages follow on the stream.
     pub route: Duration,
-    /// GPU: the dispatch kernel.
+    /// GPU: each pair's pool row (`uf_route`) and the dispatch kernel.
     pub dispatch: Duration,
     /// GPU: the L1 grouped GEMM.
     pub l1: Duration,
@@ -332,12 +335,10 @@ impl<'w> CudaRank<'w> {
                     .collect::<Vec<u32>>(),
             );
         }
-        // Identical on every rank: a capacity error stops all of them here.
+        // Identical on every rank: a capacity error stops all of them here, before anything is queued.
         self.pipe.set_plans(gpu, &all_counts)?;
         self.pipe.prepare_gemms(gpu, &self.jit)?;
-        self.pipe.reset_meta(gpu)?;
-        self.pipe.stage_sync(gpu)?;
-        // The one host meeting: every rank's pool and metadata are ready for its peers' dispatch.
+        // The host meeting: no rank compiles while a peer already waits for it on the device.
         world.barrier()?;
         times.route = lap(&mut clock);
 
