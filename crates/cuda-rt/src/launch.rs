@@ -83,18 +83,15 @@ impl LaunchConfig {
     }
 }
 
-/// One kernel parameter's bytes. Every slot is 256 bytes, 128-aligned: big enough for a `CUtensorMap`
-/// (128 bytes, passed by value as a `__grid_constant__` parameter) or a parameter struct, and aligned
-/// for anything smaller. The driver
+/// One kernel parameter's bytes. Every slot is 128 bytes, 128-aligned: big enough for a `CUtensorMap`
+/// (passed by value as a `__grid_constant__` parameter) and aligned for anything smaller. The driver
 /// copies them at launch, so they only need to stay put during `cuLaunchKernelEx`.
 #[repr(C, align(128))]
-struct ArgSlot([u8; ARG_SLOT_BYTES]);
-
-/// The largest by-value parameter ([`Launch::scalar`]); a tensor map takes 128 of them.
-const ARG_SLOT_BYTES: usize = 256;
+struct ArgSlot([u8; 128]);
 
 /// A launch being assembled; see [`Kernel::launch`]. Arguments are added in the kernel's parameter order.
-/// Device buffers are borrowed until the launch is queued.
+/// Device buffers are borrowed until the launch is queued, and cudarc's event tracking orders them
+/// against other streams.
 #[must_use = "a launch does nothing until `.launch()`"]
 pub struct Launch<'a> {
     kernel: &'a Kernel,
@@ -133,11 +130,11 @@ impl<'a> Launch<'a> {
     pub fn scalar<T: bytemuck::Pod>(mut self, value: T) -> Self {
         const {
             assert!(
-                size_of::<T>() <= ARG_SLOT_BYTES,
-                "kernel parameters are at most 256 bytes here"
+                size_of::<T>() <= 128,
+                "kernel parameters are at most 128 bytes here"
             )
         };
-        let mut slot = ArgSlot([0; ARG_SLOT_BYTES]);
+        let mut slot = ArgSlot([0; 128]);
         slot.0[..size_of::<T>()].copy_from_slice(bytemuck::bytes_of(&value));
         self.args.push(slot);
         self
@@ -145,9 +142,7 @@ impl<'a> Launch<'a> {
 
     /// A `const __grid_constant__ CUtensorMap` parameter.
     pub fn tensor_map(mut self, map: &TensorMap) -> Self {
-        let mut slot = ArgSlot([0; ARG_SLOT_BYTES]);
-        slot.0[..128].copy_from_slice(&map.to_bytes());
-        self.args.push(slot);
+        self.args.push(ArgSlot(map.to_bytes()));
         self
     }
 

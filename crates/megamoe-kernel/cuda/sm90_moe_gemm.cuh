@@ -53,7 +53,6 @@
 #include "barriers.cuh"
 #include "fp_formats.cuh"
 #include "sm90_ptx.cuh"
-#include "weights_prefetch.cuh"
 
 namespace mm {
 namespace gemm {
@@ -93,11 +92,7 @@ struct GemmParams {
   // 1, end of warpgroup 2, k128 blocks its consumers ran (0 in the load probe) | SM << 32], times
   // in ns of %globaltimer.
   unsigned long long* trace;
-  // Optional (null codes: off): the next launch's weights, prefetched into L2 by each CTA's
-  // producer once it has drawn its last tile (the launch's tail leaves HBM time to spare).
-  WeightsPrefetch next;
 };
-static_assert(sizeof(GemmParams) == 136, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
@@ -836,7 +831,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       mbar_wait(&empty[stage], phase ^ 1);
       units[slot].kb_range = 0;
       mbar_arrive(&full[stage]);
-      prefetch_weights(p.next, p.expert_rows, p.num_experts, blockIdx.x, gridDim.x);
     } else if (kFp8 && threadIdx.x / 32 == 1) {
       // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
       // consumer warpgroups, so the promotion reads two ready factors per LDS.64.

@@ -1,6 +1,6 @@
 // sm90_ptx.cuh -- thin wrappers over the Hopper (sm_90a) instructions the kernels use: mbarriers,
 // named barriers, TMA (tensor loads and stores, 1-D bulk copies, bulk-group waits and the proxy
-// fence before a store, L2 prefetch), WGMMA with A from registers (FP8 k32 and BF16 k16), stmatrix, setmaxnreg,
+// fence before a store), WGMMA with A from registers (FP8 k32 and BF16 k16), stmatrix, setmaxnreg,
 // and the GPU-scope flag loads and stores that hand data from one CTA to another.
 // Descriptor and fragment layouts were checked on the H200 by ../shared/bench/wgmma_ceiling.cu.
 #pragma once
@@ -99,10 +99,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
                    smem_addr(dst)),
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
-}
-// A hint: `bytes` from `src` into L2 (no completion to wait for); bytes and src multiples of 16.
-__device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 // A box of `map` at (x, y) from shared memory to global, in this thread's bulk group. The writes
 // that filled `src` must be ordered before it by fence_proxy_async_shared.

@@ -8,9 +8,7 @@
 //                      per-pair work stays on the device, so a forward needs no host round trip);
 //                      for this rank's own experts it also marks the padding rows after each one, so
 //                      that every row of the pool's plan is rewritten by every forward (the dispatch
-//                      writes the others) and the metadata needs no reset between forwards; and
-//                      it pulls the first weights of the L1 GEMM into L2 while the dispatch runs
-//                      (weights_prefetch.cuh);
+//                      writes the others) and the metadata needs no reset between forwards;
 //   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
 //                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
 //                      records the row's source (RowMeta);
@@ -37,7 +35,6 @@
 #include "barriers.cuh"
 #include "fp_formats.cuh"
 #include "pool_order.cuh"
-#include "weights_prefetch.cuh"
 
 #if (UF_L1_FP8_POOL || UF_L2_FP8_POOL) && UF_G != 128
 #error "the FP8 pool carries one scale per 128 channels"
@@ -90,7 +87,6 @@ struct RouteParams {
   const int* expert_rows;
   RowMeta* meta;            // [pool rows] this rank's own
   int pairs, experts_per_rank, rank, pad_;
-  WeightsPrefetch l1_weights;  // the L1 GEMM's first weights (over this rank's experts with rows)
 };
 
 struct UnstageParams {
@@ -195,7 +191,6 @@ __device__ __forceinline__ void route(const RouteParams& p) {
   constexpr int kWarps = kRouteThreads / 32;
   __shared__ int warp_matches[kWarps];
   const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (threadIdx.x == 32) prefetch_weights(p.l1_weights, p.expert_rows, p.experts_per_rank, e, gridDim.x);
   // This rank's own expert: its padding rows (up to the next multiple of 16, as the plan pads).
   if (e / p.experts_per_rank == p.rank && threadIdx.x < 16) {
     const int el = e % p.experts_per_rank;
@@ -451,7 +446,7 @@ __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
 static_assert(sizeof(DispatchParams) == 104, "DispatchParams layout");
-static_assert(sizeof(RouteParams) == 96, "RouteParams layout");
+static_assert(sizeof(RouteParams) == 64, "RouteParams layout");
 static_assert(sizeof(UnstageParams) == 56, "UnstageParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");

@@ -555,21 +555,6 @@ struct GemmParams {
     pad_: i32,
     tickets: u64,
     trace: u64,
-    next: WeightsPrefetch,
-}
-
-const _: () = assert!(size_of::<GemmParams>() == 136);
-
-/// `mm::WeightsPrefetch` (`cuda/weights_prefetch.cuh`): the first `bytes` of a weight set's codes
-/// (and their meta words) over the experts that have rows, for a launch to pull into L2 ahead of
-/// the GEMM that reads them ([`DeviceWeights::prefetch`]); all zero: nothing.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct WeightsPrefetch {
-    codes: u64,
-    meta: u64,
-    codes_per_expert: u64,
-    bytes: u64,
 }
 
 /// Transformed expert weights on one GPU.
@@ -599,19 +584,6 @@ impl DeviceWeights {
     /// Bytes one full pass over `experts` experts reads.
     pub fn bytes_per_expert(&self) -> usize {
         self.n * self.k / 2 + self.n * (self.k / BLOCK_K) * 4
-    }
-
-    /// The first ≈ `bytes` of codes a GEMM over these weights reads (whole [`CODE_BYTES`] blocks,
-    /// at most all of them), for [`WeightsPrefetch`].
-    pub fn prefetch(&self, gpu: &Gpu, bytes: usize) -> WeightsPrefetch {
-        let stream = gpu.stream();
-        let codes_per_expert = (self.n * self.k / 2) as u64;
-        WeightsPrefetch {
-            codes: self.codes.device_ptr(stream).0,
-            meta: self.meta.device_ptr(stream).0,
-            codes_per_expert,
-            bytes: (bytes - bytes % CODE_BYTES).min(self.n * self.k / 2 * self.num_experts) as u64,
-        }
     }
 }
 
@@ -751,20 +723,7 @@ impl GemmCore {
         pool: &Pool,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), GemmError> {
-        self.launch(gpu, weights, pool, out, None, WeightsPrefetch::default())
-    }
-
-    /// [`Self::run`], and every CTA that has drawn its last tile pulls its part of `next` (the next
-    /// launch's weights) into L2 while the launch's tail runs.
-    pub fn run_then_prefetch(
-        &mut self,
-        gpu: &Gpu,
-        weights: &DeviceWeights,
-        pool: &Pool,
-        out: &mut CudaSlice<u16>,
-        next: WeightsPrefetch,
-    ) -> Result<(), GemmError> {
-        self.launch(gpu, weights, pool, out, None, next)
+        self.launch(gpu, weights, pool, out, None)
     }
 
     /// [`Self::run`], and a timeline of every CTA into `trace` (`[grid][4]`: start, end of each
@@ -785,7 +744,7 @@ impl GemmCore {
                 detail: format!("{} words for a grid of {}", trace.len(), self.grid),
             });
         }
-        self.launch(gpu, weights, pool, out, Some(trace), WeightsPrefetch::default())
+        self.launch(gpu, weights, pool, out, Some(trace))
     }
 
     /// CTAs of every launch.
@@ -800,7 +759,6 @@ impl GemmCore {
         pool: &Pool,
         out: &mut CudaSlice<u16>,
         trace: Option<&mut CudaSlice<u64>>,
-        next: WeightsPrefetch,
     ) -> Result<(), GemmError> {
         self.check(weights, pool, out.len())?;
         let bn = self.plan.tokens_per_tile as u32;
@@ -881,7 +839,6 @@ impl GemmCore {
             pad_: 0,
             tickets,
             trace,
-            next,
         };
         let mut config =
             LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);

@@ -24,13 +24,9 @@ pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
 }
 
 /// Device sources of this crate, for the JIT's in-memory include tree.
-pub const CUDA_HEADERS: [(&str, &str); 4] = [
+pub const CUDA_HEADERS: [(&str, &str); 3] = [
     ("sm90_ptx.cuh", include_str!("../cuda/sm90_ptx.cuh")),
     pool_order::CUDA_HEADER,
-    (
-        "weights_prefetch.cuh",
-        include_str!("../cuda/weights_prefetch.cuh"),
-    ),
     (
         "sm90_moe_gemm.cuh",
         include_str!("../cuda/sm90_moe_gemm.cuh"),

@@ -38,7 +38,7 @@ use symm_mem::SymmBuffer;
 
 use crate::gemm::{
     DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Route, Routes, TOKEN_TILES,
-    TilePlan, WeightsPrefetch,
+    TilePlan,
 };
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::Fold;
@@ -454,7 +454,6 @@ struct RouteParams {
     experts_per_rank: i32,
     rank: i32,
     pad: i32,
-    l1_weights: WeightsPrefetch,
 }
 
 /// Threads per CTA of `uf_route` (`mm::unfused::kRouteThreads`).
@@ -537,7 +536,7 @@ const _: () = {
     assert!(size_of::<RankBarrierParams>() == 32);
     assert!(size_of::<RowMeta>() == 16);
     assert!(size_of::<DispatchParams>() == 104);
-    assert!(size_of::<RouteParams>() == 96);
+    assert!(size_of::<RouteParams>() == 64);
     assert!(size_of::<UnstageParams>() == 56);
     assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
@@ -553,7 +552,7 @@ pub fn glue_spec(recipe: Recipe, routes: Routes) -> KernelSpec {
     )
     .header(fp_formats::CUDA_HEADER)
     .header(UNFUSED_HEADER)
-    .headers(crate::CUDA_HEADERS)
+    .header(crate::pool_order::CUDA_HEADER)
     .headers(barriers::CUDA_HEADERS)
     .define("UF_G", recipe.group())
     .define("UF_L1_FP8_POOL", u8::from(routes.l1 == Mma::Fp8))
@@ -716,11 +715,6 @@ struct Inputs {
     topk_idx: CudaSlice<i32>,
     topk_w: CudaSlice<f32>,
 }
-
-/// Codes of a GEMM's first weights pulled into L2 by the launch before it (the dispatch's
-/// `uf_route` for L1, the L1 GEMM's tail for L2): about half of the H200's 50 MB L2, so that they
-/// are still there when the GEMM starts (and 1.5 MiB of meta words with them).
-const L2_PREFETCH_BYTES: usize = 24 << 20;
 
 /// Resident glue CTAs per SM the split aims for (128 threads each: 16 fill an SM).
 const GLUE_CTAS_PER_SM: usize = 16;
@@ -1108,7 +1102,6 @@ impl Pipeline {
             experts_per_rank: s.experts_per_rank() as i32,
             rank: self.rank as i32,
             pad: 0,
-            l1_weights: self.w1.prefetch(gpu, L2_PREFETCH_BYTES),
         };
         // SAFETY: topk_idx and route hold max_tokens·k >= pairs elements, first_row one per global
         // expert (the grid), the expert table one per local expert; the ids were checked against E
@@ -1248,16 +1241,10 @@ impl Pipeline {
             expert_offset_dev: &self.expert_offset,
             expert_rows_dev: &self.expert_rows,
         };
-        // L1's tail pulls the first weights of L2 into L2.
-        let next = if second {
-            WeightsPrefetch::default()
-        } else {
-            self.w2.prefetch(gpu, L2_PREFETCH_BYTES)
-        };
         self.cores
             .get_mut(&key)
             .expect("compiled above")
-            .run_then_prefetch(gpu, weights, &pool, out, next)?;
+            .run(gpu, weights, &pool, out)?;
         Ok(())
     }
 
