@@ -93,6 +93,7 @@ struct GemmParams {
   // in ns of %globaltimer.
   unsigned long long* trace;
 };
+static_assert(sizeof(GemmParams) == 104, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).

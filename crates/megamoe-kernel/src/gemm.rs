@@ -557,6 +557,8 @@ struct GemmParams {
     trace: u64,
 }
 
+const _: () = assert!(size_of::<GemmParams>() == 104);
+
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
     pub mma: Mma,
