@@ -4,8 +4,8 @@
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
-    result, sys,
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, HostSlice,
+    PinnedHostSlice, ValidAsZeroBits, result, sys,
 };
 
 use crate::error::DriverCall;
@@ -160,21 +160,42 @@ impl Gpu {
         self.stream.clone_htod(host).call("cuMemcpyHtoDAsync")
     }
 
-    /// Copies `host` into the first `host.len()` elements of `dst` (a buffer reused from call to
-    /// call: no allocation), ordered on the stream.
-    pub fn upload_into<T: DeviceRepr>(&self, host: &[T], dst: &mut CudaSlice<T>) -> Result<()> {
-        if host.len() > dst.len() {
+    /// Copies `host` (a slice, or pinned memory: [`Gpu::alloc_pinned`]) into the first
+    /// `host.len()` elements of `dst` (a buffer reused from call to call: no allocation), ordered
+    /// on the stream.
+    pub fn upload_into<T: DeviceRepr, Src: HostSlice<T> + ?Sized>(
+        &self,
+        host: &Src,
+        dst: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let len = host.len();
+        if len > dst.len() {
             return Err(Error::CopyTooLong {
-                len: host.len(),
+                len,
                 capacity: dst.len(),
             });
         }
-        if host.is_empty() {
+        if len == 0 {
             return Ok(());
         }
         self.stream
-            .memcpy_htod(host, &mut dst.slice_mut(0..host.len()))
+            .memcpy_htod(host, &mut dst.slice_mut(0..len))
             .call("cuMemcpyHtoDAsync")
+    }
+
+    /// `len` zeros in page-locked host memory: a copy from it to the device is queued without the
+    /// staging (and the wait) a copy from pageable memory takes. Its `as_mut_slice` waits for the
+    /// last copy that read it.
+    pub fn alloc_pinned<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<PinnedHostSlice<T>> {
+        // SAFETY: the memory is zeroed below, before anyone reads it.
+        let mut host = unsafe { self.ctx.alloc_pinned::<T>(len) }.call("cuMemHostAlloc")?;
+        let ptr = host.as_mut_ptr().call("cuEventSynchronize")?;
+        // SAFETY: `ptr` addresses `len` elements of T we own; all-zero bits are a valid T.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(host)
     }
 
     /// Copies `src` to the host once the stream's earlier work is done.

@@ -384,8 +384,8 @@ fn main() {
                     rows: pool.rows,
                     expert_offset: &pool.expert_offset,
                     expert_rows: &pool.expert_rows,
-                    expert_offset_dev: offsets,
-                    expert_rows_dev: counts,
+                    expert_offset_dev: offsets.slice(..),
+                    expert_rows_dev: counts.slice(..),
                 };
                 // Every variant writes the same output: they run one after another on one stream.
                 let out = std::cell::RefCell::new(out);

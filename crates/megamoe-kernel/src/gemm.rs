@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 
 use cuda_rt::tma::{Swizzle, TensorMapDesc, TmaDataType};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use fp_formats::Recipe;
 
 use crate::transform::{BLOCK_K, CODE_BYTES, Fold, GemmWeights, TILE_ROWS};
@@ -643,8 +643,8 @@ pub struct Pool<'a> {
     pub expert_offset: &'a [i32],
     pub expert_rows: &'a [i32],
     /// The same two arrays on the device.
-    pub expert_offset_dev: &'a CudaSlice<i32>,
-    pub expert_rows_dev: &'a CudaSlice<i32>,
+    pub expert_offset_dev: CudaView<'a, i32>,
+    pub expert_rows_dev: CudaView<'a, i32>,
 }
 
 /// One compiled specialization, ready to launch.

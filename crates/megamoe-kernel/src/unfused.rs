@@ -31,7 +31,7 @@ use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use barriers::BarrierError;
-use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PinnedHostSlice};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 use symm_mem::SymmBuffer;
@@ -799,14 +799,14 @@ pub struct Pipeline {
     /// This forward's T ([`Pipeline::set_inputs`]).
     tokens: Option<usize>,
     plan: Option<PoolPlan>,
-    /// `[E]`: this rank's first row among each global expert's rows in its owner's pool.
-    first_row: CudaSlice<i32>,
     /// `[max_tokens·k]`: each (token, slot) pair's row in its owner's pool, −1 when masked
     /// (`uf_route`).
     route: CudaSlice<i32>,
-    /// This rank's expert table (its plan's offsets and rows), `[E/R]` each.
-    expert_offset: CudaSlice<i32>,
-    expert_rows: CudaSlice<i32>,
+    /// This forward's plan on the device, one copy from `plan_host` (pinned): `[E]` this rank's
+    /// first row among each global expert's rows in its owner's pool, then this rank's expert
+    /// table, `[E/R]` offsets and `[E/R]` rows ([`Pipeline::plan_tables`]).
+    plan_dev: CudaSlice<i32>,
+    plan_host: PinnedHostSlice<i32>,
 }
 
 impl Pipeline {
@@ -896,10 +896,9 @@ impl Pipeline {
             },
             tokens: None,
             plan: None,
-            first_row: poisoned(gpu, shape.num_experts)?,
             route: poisoned(gpu, pairs)?,
-            expert_offset: poisoned(gpu, el)?,
-            expert_rows: poisoned(gpu, el)?,
+            plan_dev: poisoned(gpu, shape.num_experts + 2 * el)?,
+            plan_host: gpu.alloc_pinned(shape.num_experts + 2 * el)?,
         };
         // Last, so that nothing is queued on this buffer when an earlier step fails; no peer
         // writes into it before the first forward's host meeting. The barrier's signals start at 0.
@@ -1008,16 +1007,32 @@ impl Pipeline {
         let plans = (0..s.num_ranks)
             .map(|owner| PoolPlan::new(counts, owner, el, s.pool_rows))
             .collect::<Result<Vec<_>, _>>()?;
-        let first_row: Vec<i32> = (0..s.num_experts)
-            .map(|e| plans[e / el].source_base[self.rank][e % el])
-            .collect();
-        gpu.upload_into(&first_row, &mut self.first_row)?;
-        self.staged_rows = stages_rows(&plans);
         let own = plans[self.rank].clone();
-        gpu.upload_into(&own.expert_offset, &mut self.expert_offset)?;
-        gpu.upload_into(&own.expert_rows, &mut self.expert_rows)?;
+        let host = self
+            .plan_host
+            .as_mut_slice()
+            .map_err(|source| cuda_rt::Error::Driver {
+                call: "cuEventSynchronize",
+                source,
+            })?;
+        let (first_row, table) = host.split_at_mut(s.num_experts);
+        for (e, row) in first_row.iter_mut().enumerate() {
+            *row = plans[e / el].source_base[self.rank][e % el];
+        }
+        table[..el].copy_from_slice(&own.expert_offset);
+        table[el..].copy_from_slice(&own.expert_rows);
+        gpu.upload_into(&self.plan_host, &mut self.plan_dev)?;
+        self.staged_rows = stages_rows(&plans);
         self.plan = Some(own);
         Ok(())
+    }
+
+    /// Device addresses of `plan_dev`'s three tables: first rows `[E]`, expert offsets and rows
+    /// `[E/R]` each.
+    fn plan_tables(&self, gpu: &Gpu) -> [u64; 3] {
+        let (base, _g) = self.plan_dev.device_ptr(gpu.stream());
+        let (e, el) = (self.shape.num_experts, self.shape.experts_per_rank());
+        [0, e, e + el].map(|at| base + (at * size_of::<i32>()) as u64)
     }
 
     /// This rank's pool plan (after [`Pipeline::set_plans`]).
@@ -1087,10 +1102,8 @@ impl Pipeline {
         let inputs = &self.inputs;
         let stream = gpu.stream();
         let (topk_idx, _g4) = inputs.topk_idx.device_ptr(stream);
-        let (first_row, _g6) = self.first_row.device_ptr(stream);
+        let [first_row, expert_offset, expert_rows] = self.plan_tables(gpu);
         let (route, _g3) = self.route.device_ptr_mut(stream);
-        let (expert_offset, _g7) = self.expert_offset.device_ptr(stream);
-        let (expert_rows, _g8) = self.expert_rows.device_ptr(stream);
         let params = RouteParams {
             topk_idx,
             first_row,
@@ -1212,6 +1225,7 @@ impl Pipeline {
         let key = self.core(gpu, jit, second)?;
         let mma = key.0;
         let plan = self.plan.as_ref().expect("plan");
+        let (e, el) = (self.shape.num_experts, self.shape.experts_per_rank());
         let (act, sf, weights, out) = if second {
             (
                 DeviceBytes::of(gpu, &self.l2_act),
@@ -1238,8 +1252,8 @@ impl Pipeline {
             rows: plan.rows,
             expert_offset: &plan.expert_offset,
             expert_rows: &plan.expert_rows,
-            expert_offset_dev: &self.expert_offset,
-            expert_rows_dev: &self.expert_rows,
+            expert_offset_dev: self.plan_dev.slice(e..e + el),
+            expert_rows_dev: self.plan_dev.slice(e + el..),
         };
         self.cores
             .get_mut(&key)

@@ -163,8 +163,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
         rows: pool.rows,
         expert_offset: &pool.expert_offset,
         expert_rows: &pool.expert_rows,
-        expert_offset_dev: &offsets_dev,
-        expert_rows_dev: &rows_dev,
+        expert_offset_dev: offsets_dev.slice(..),
+        expert_rows_dev: rows_dev.slice(..),
     };
     let mut out = gpu.alloc_zeros::<u16>(pool.rows * n).unwrap();
     for _ in 0..launches {
