@@ -88,7 +88,7 @@ pub enum CudaError {
 /// the GEMM stages) and the host's (wall clock).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimes {
-    /// Host: validation of the inputs and their upload.
+    /// Host: validation of the inputs and their upload, until the copies are done.
     pub upload: Duration,
     /// Host: counts exchange, pool plans (a capacity overflow is refused here), GEMM cores, the
     /// host meeting. No GPU synchronization: the stages follow on the stream.
@@ -301,13 +301,17 @@ impl<'w> CudaRank<'w> {
             .validate(&self.config)
             .map_err(CudaError::from)
             .and_then(|()| {
-                Ok(self.pipe.set_inputs(
+                let counts = self.pipe.set_inputs(
                     gpu,
                     &inputs.x,
                     &inputs.x_sf,
                     &inputs.topk_idx,
                     &inputs.topk_weights,
-                )?)
+                )?;
+                // The upload is over when its copies are: the rest of the forward starts with the
+                // inputs on the device, as an engine's would be.
+                self.pipe.stage_sync(gpu)?;
+                Ok(counts)
             });
         times.upload = lap(&mut clock);
         let payload = match &counts {
