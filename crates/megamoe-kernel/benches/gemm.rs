@@ -3,7 +3,10 @@
 //! uniform random top-6 routing of T tokens makes, timed with CUDA events: every variant of a T runs
 //! for `--warm-up-ms` (300 ms: the GPU reaches its power cap, and the sustained clock), then the
 //! variants are sampled in turn, median of 25 samples of 4 launches each (`--warm-up-ms 0` gives
-//! the faster first-after-idle numbers; docs/perf.md v20 has both).
+//! the faster first-after-idle numbers; docs/perf.md v20 has both). A launch of milliseconds
+//! (T = 8192) reaches the power cap within the samples either way; `--idle-ms 100` makes every
+//! sample one launch after 100 ms of idle GPU: the clock a burst meets (the pipeline's forwards,
+//! apart by their host I/O, meet it too).
 //! Inputs are not rotated: every launch streams all of the layer's weights (1.1 / 0.6 GB, twenty
 //! times the L2) from HBM anyway, and the activation pool, L2-resident at small T, is so in the
 //! pipeline too (dispatch and SwiGLU write it just before the GEMM reads it).
@@ -14,7 +17,7 @@
 //! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded,
 //! and every CTA's line (`cta <launch> <cta> <sm> <start> <end> <blocks>`, µs) for a closer look.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-parts 1,2,4] [--narrow-tiles on,off] [--dynamic on,off] [--register-tables on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--hidden 7168 --inter 3072] [--trace]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-parts 1,2,4] [--narrow-tiles on,off] [--dynamic on,off] [--register-tables on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--idle-ms 0] [--hidden 7168 --inter 3072] [--trace]`
 
 use std::time::{Duration, Instant};
 
@@ -68,6 +71,10 @@ struct Args {
     /// Milliseconds of running the variants before sampling them.
     #[arg(long, default_value_t = 300)]
     warm_up_ms: u64,
+    /// Milliseconds of idle GPU before every sample, each then one launch (0: samples of 4
+    /// launches back to back).
+    #[arg(long, default_value_t = 0)]
+    idle_ms: u64,
     /// Split tail: parts of K the two-CTA tiles' last items are drawn in (1: none), a list.
     #[arg(long, value_delimiter = ',')]
     split_parts: Vec<usize>,
@@ -140,8 +147,18 @@ fn median(mut v: Vec<f32>) -> f32 {
 /// Milliseconds per call of each of `fs` (medians), sampled in turn: A B C A B C ... after
 /// `warm_up` of running them all, so that every variant meets the GPU in the same state. (Timed
 /// one after the other, a second variant of the same kernel ran up to 10 % slower than the first,
-/// 2026-11-30.)
-fn time_interleaved(gpu: &Gpu, warm_up: Duration, fs: &mut [&mut dyn FnMut()]) -> Vec<f32> {
+/// 2026-11-30.) With `idle` every sample is one call after that long with the GPU idle.
+fn time_interleaved(
+    gpu: &Gpu,
+    warm_up: Duration,
+    idle: Duration,
+    fs: &mut [&mut dyn FnMut()],
+) -> Vec<f32> {
+    let launches = if idle.is_zero() {
+        LAUNCHES_PER_SAMPLE
+    } else {
+        1
+    };
     let timer = GpuTimer::new(gpu).unwrap();
     let start = Instant::now();
     for f in fs.iter_mut() {
@@ -156,17 +173,21 @@ fn time_interleaved(gpu: &Gpu, warm_up: Duration, fs: &mut [&mut dyn FnMut()]) -
     let mut samples = vec![Vec::with_capacity(REPS); fs.len()];
     for _ in 0..REPS {
         for (f, samples) in fs.iter_mut().zip(&mut samples) {
+            if !idle.is_zero() {
+                gpu.synchronize().unwrap();
+                std::thread::sleep(idle);
+            }
             timer.start(gpu.stream()).unwrap();
-            (0..LAUNCHES_PER_SAMPLE).for_each(|_| f());
+            (0..launches).for_each(|_| f());
             timer.stop(gpu.stream()).unwrap();
-            samples.push(timer.elapsed_ms().unwrap() / LAUNCHES_PER_SAMPLE as f32);
+            samples.push(timer.elapsed_ms().unwrap() / launches as f32);
         }
     }
     samples.into_iter().map(median).collect()
 }
 
 fn time_ms(gpu: &Gpu, mut f: impl FnMut()) -> f32 {
-    time_interleaved(gpu, Duration::ZERO, &mut [&mut f])[0]
+    time_interleaved(gpu, Duration::ZERO, Duration::ZERO, &mut [&mut f])[0]
 }
 
 /// HBM bandwidth of a 2 GiB device-to-device copy (bytes read + written).
@@ -268,12 +289,14 @@ fn main() {
         dynamic,
         register_tables,
         warm_up_ms,
+        idle_ms,
         hidden,
         inter,
         trace,
         ..
     } = clap::Parser::parse();
     let warm_up = Duration::from_millis(warm_up_ms);
+    let idle = Duration::from_millis(idle_ms);
     let gpu = match Gpu::open(0) {
         Ok(gpu) => gpu,
         Err(e) => {
@@ -284,10 +307,15 @@ fn main() {
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
     println!(
-        "# {} ({} SMs), HBM copy {:.0} GB/s; per rank: {EXPERTS} experts, H {hidden}, I {inter}, top-{TOP_K}",
+        "# {} ({} SMs), HBM copy {:.0} GB/s; per rank: {EXPERTS} experts, H {hidden}, I {inter}, top-{TOP_K}; {}",
         gpu.info().name,
         gpu.info().sm_count,
-        hbm / 1e9
+        hbm / 1e9,
+        if idle.is_zero() {
+            format!("{warm_up_ms} ms warm-up, samples of {LAUNCHES_PER_SAMPLE} launches")
+        } else {
+            format!("every sample one launch after {idle_ms} ms idle")
+        }
     );
     println!(
         "{:<9} {:>5} {:>13} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
@@ -398,7 +426,7 @@ fn main() {
                     .collect();
                 let mut fs: Vec<&mut dyn FnMut()> =
                     runs.iter_mut().map(|f| f as &mut dyn FnMut()).collect();
-                times.push(time_interleaved(&gpu, warm_up, &mut fs));
+                times.push(time_interleaved(&gpu, warm_up, idle, &mut fs));
                 drop(runs);
                 if trace {
                     // Right after the timing: the GPU in the same (sustained) state.
