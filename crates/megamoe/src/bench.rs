@@ -19,7 +19,7 @@ use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
 
-use crate::cuda::{CudaError, CudaRank, StageTimes, run_local};
+use crate::cuda::{CudaError, CudaRank, StageTimes, agree_max, run_local};
 use crate::generate::{self, GenOptions};
 use crate::{Config, RankInputs, RankWeights, Recipe};
 
@@ -32,6 +32,11 @@ pub struct BenchOptions {
     pub routes: Vec<(Recipe, Routes)>,
     /// Timed forwards per point (after one warm-up).
     pub reps: usize,
+    /// 0: every timed forward with its host I/O, which leaves the GPU idle in between (it meets
+    /// each forward at its burst clock). Otherwise forwards back to back without host I/O
+    /// ([`CudaRank::rerun`]) for this long, then the timed ones the same way: the GPU busy, as in
+    /// serving, at its power-capped sustained clock.
+    pub warm_up_ms: u64,
 }
 
 /// One measured point; times are medians over the reps, in microseconds.
@@ -156,7 +161,8 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
 }
 
 /// Collective: this rank's pipeline for the largest point, then per point a warm-up forward and
-/// `opts.reps` timed ones; `[point][rep]`.
+/// `opts.reps` timed ones (with `opts.warm_up_ms`, back to back after that long of them; every
+/// rank runs as many as the slowest needs); `[point][rep]`.
 fn time_points(
     world: &World,
     config: &Config,
@@ -171,7 +177,15 @@ fn time_points(
         .iter()
         .map(|point| {
             rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
-            (0..opts.reps).map(|_| Ok(rank.forward(point)?.1)).collect()
+            if opts.warm_up_ms == 0 {
+                return (0..opts.reps).map(|_| Ok(rank.forward(point)?.1)).collect();
+            }
+            let one = rank.rerun()?.wall.as_secs_f64().max(1e-5);
+            let busy = agree_max(world, (opts.warm_up_ms as f64 * 1e-3 / one).ceil() as u64)?;
+            for _ in 0..busy {
+                rank.rerun()?;
+            }
+            (0..opts.reps).map(|_| rank.rerun()).collect()
         })
         .collect()
 }

@@ -197,6 +197,8 @@ pub struct CudaRank<'w> {
     config: Config,
     /// Stage marks of one forward.
     marks: EventTrail,
+    /// The expert counts of the inputs on the device ([`CudaRank::rerun`]).
+    uploaded: Option<Vec<u32>>,
 }
 
 impl<'w> CudaRank<'w> {
@@ -259,6 +261,7 @@ impl<'w> CudaRank<'w> {
             symm,
             config: *config,
             marks: EventTrail::new(gpu, FORWARD_MARKS)?,
+            uploaded: None,
         })
     }
 
@@ -285,17 +288,8 @@ impl<'w> CudaRank<'w> {
 
     /// Collective: one forward of this rank's `inputs`; returns y (BF16 `[T][H]`) and the stage times.
     pub fn forward(&mut self, inputs: &RankInputs) -> Result<(Vec<bf16>, StageTimes), CudaError> {
-        let world = self.world;
-        let gpu = world.local_gpu();
-        let me = world.rank();
-        let mut times = StageTimes::default();
-        let mut clock = Instant::now();
-        let lap = |clock: &mut Instant| {
-            let d = clock.elapsed();
-            *clock = Instant::now();
-            d
-        };
-
+        let gpu = self.world.local_gpu();
+        let clock = Instant::now();
         // Stage 1a: counts; every rank learns whether all ranks accepted their inputs.
         let counts = inputs
             .validate(&self.config)
@@ -313,7 +307,39 @@ impl<'w> CudaRank<'w> {
                 self.pipe.stage_sync(gpu)?;
                 Ok(counts)
             });
-        times.upload = lap(&mut clock);
+        self.uploaded = counts.as_ref().ok().cloned();
+        let upload = clock.elapsed();
+        let mut times = self.run(counts)?;
+        times.upload = upload;
+        let clock = Instant::now();
+        let y = self.pipe.download_y(gpu)?;
+        times.download = clock.elapsed();
+        Ok((y.into_iter().map(bf16::from_bits).collect(), times))
+    }
+
+    /// Collective: the forward of the inputs the last successful [`CudaRank::forward`] uploaded,
+    /// again, without host I/O (y stays on the device): forwards back to back keep the GPU busy,
+    /// as serving does, where one forward with its host I/O leaves it idle in between.
+    pub fn rerun(&mut self) -> Result<StageTimes, CudaError> {
+        let counts = self
+            .uploaded
+            .clone()
+            .ok_or_else(|| CudaError::Exchange("rerun before a successful forward".into()))?;
+        self.run(Ok(counts))
+    }
+
+    /// Collective: from this rank's expert counts (or its input error) to y on the device.
+    fn run(&mut self, counts: Result<Vec<u32>, CudaError>) -> Result<StageTimes, CudaError> {
+        let world = self.world;
+        let gpu = world.local_gpu();
+        let me = world.rank();
+        let mut times = StageTimes::default();
+        let mut clock = Instant::now();
+        let lap = |clock: &mut Instant| {
+            let d = clock.elapsed();
+            *clock = Instant::now();
+            d
+        };
         let payload = match &counts {
             Ok(c) => [&[0u8][..], bytemuck::cast_slice(c)].concat(),
             Err(_) => vec![1u8],
@@ -382,9 +408,7 @@ impl<'w> CudaRank<'w> {
         times.l2 = ms(g2, g3)?;
         times.combine = ms(g3, g4)? + ms(c0, c1)?;
         times.barriers = ms(d1, g0)? + ms(g4, c0)?;
-        let y = self.pipe.download_y(gpu)?;
-        times.download = lap(&mut clock);
-        Ok((y.into_iter().map(bf16::from_bits).collect(), times))
+        Ok(times)
     }
 }
 
@@ -399,12 +423,16 @@ impl Drop for CudaRank<'_> {
 
 /// Collective: the largest of every rank's `tokens` (the T_max every rank builds its pipeline for).
 pub fn agree_max_tokens(world: &World, tokens: usize) -> Result<usize, CudaError> {
-    let all = world.all_gather(&(tokens as u64).to_le_bytes())?;
+    Ok(agree_max(world, tokens as u64)? as usize)
+}
+
+/// Collective: the largest of every rank's `value`.
+pub fn agree_max(world: &World, value: u64) -> Result<u64, CudaError> {
+    let all = world.all_gather(&value.to_le_bytes())?;
     all.iter().enumerate().try_fold(0, |max, (r, b)| {
-        let t = <[u8; 8]>::try_from(b.as_slice()).map_err(|_| {
-            CudaError::Exchange(format!("rank {r} sent {} token-count bytes", b.len()))
-        })?;
-        Ok(max.max(u64::from_le_bytes(t) as usize))
+        let v = <[u8; 8]>::try_from(b.as_slice())
+            .map_err(|_| CudaError::Exchange(format!("rank {r} sent {} bytes, not 8", b.len())))?;
+        Ok(max.max(u64::from_le_bytes(v)))
     })
 }
 

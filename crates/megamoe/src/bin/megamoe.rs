@@ -95,6 +95,11 @@ struct BenchArgs {
     /// Timed forwards per point, after one warm-up.
     #[arg(long, default_value_t = 10)]
     reps: usize,
+    /// 0: each timed forward with its host I/O (the GPU idles in between, at its burst clock);
+    /// otherwise forwards back to back without host I/O for this long, then the timed ones (the
+    /// GPU busy, at its power-capped sustained clock, as in serving).
+    #[arg(long, default_value_t = 0)]
+    warm_up_ms: u64,
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -553,6 +558,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         tokens: args.tokens.clone(),
         routes: args.routes.clone(),
         reps: args.reps.max(1),
+        warm_up_ms: args.warm_up_ms,
     };
     let bar = ProgressBar::new((args.tokens.len() * args.routes.len()) as u64);
     bar.set_style(
@@ -569,7 +575,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let header = || {
         if !args.json {
             say(format!(
-                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}",
+                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}{}",
                 args.preset,
                 config.num_ranks,
                 match args.world {
@@ -581,7 +587,15 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                 config.num_experts,
                 config.experts_per_rank(),
                 config.top_k,
-                opts.reps
+                opts.reps,
+                if opts.warm_up_ms == 0 {
+                    ", each forward with its host I/O (burst clock)".to_owned()
+                } else {
+                    format!(
+                        ", back to back without host I/O after {} ms of them (sustained clock)",
+                        opts.warm_up_ms
+                    )
+                }
             ));
             say(megamoe::bench::BenchRow::HEADER.to_owned());
         }
