@@ -312,9 +312,15 @@ impl<'w> CudaRank<'w> {
         let mut times = self.run(counts)?;
         times.upload = upload;
         let clock = Instant::now();
-        let y = self.pipe.download_y(gpu)?;
+        let y = self.y()?;
         times.download = clock.elapsed();
-        Ok((y.into_iter().map(bf16::from_bits).collect(), times))
+        Ok((y, times))
+    }
+
+    /// The last forward's y (BF16 `[T][H]`), downloaded.
+    pub fn y(&self) -> Result<Vec<bf16>, CudaError> {
+        let y = self.pipe.download_y(self.world.local_gpu())?;
+        Ok(y.into_iter().map(bf16::from_bits).collect())
     }
 
     /// Collective: the forward of the inputs the last successful [`CudaRank::forward`] uploaded,

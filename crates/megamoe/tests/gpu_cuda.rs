@@ -2,7 +2,8 @@
 //! route (g128 and mx32 through the exact BF16 tensor-core route, g128 through FP8), the tiny
 //! preset and the per-rank shapes of DeepSeek-V4-Flash / -Pro with few experts,
 //! T ∈ {0, 1, 7, 128, 1000, 8192}, masked slots, all-masked tokens, skewed routing, a rank without
-//! tokens, and the same pipeline reused for several forwards (outputs poisoned before each). The
+//! tokens, and the same pipeline reused for several forwards (outputs poisoned before each, and
+//! each forward run again from the inputs on the device, `CudaRank::rerun`, to the same bits). The
 //! exact route is accepted at the contract's calc_diff ≤ 1e-5 (DESIGN §1), the FP8 route at its
 //! documented bound, with every element written and no NaN; the number of BF16 values that differ
 //! from the reference is printed (on the BF16 route only FP32 summation order separates it from the
@@ -219,6 +220,19 @@ fn sweep_rank(
             "{what}: rank {r}: T = {}: {:.3} ms ({times})",
             inputs[r].tokens,
             times.total().as_secs_f64() * 1e3,
+        );
+        // The same forward again from the inputs on the device (the benchmark's back-to-back
+        // forwards): the same y, bit for bit, into poisoned outputs.
+        rank.poison()?;
+        world.barrier()?;
+        rank.rerun()?;
+        assert!(
+            rank.y()?
+                .iter()
+                .zip(&y)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: rank {r}: T = {}: a rerun's y differs from the forward's",
+            inputs[r].tokens
         );
         ys.push(y);
     }
