@@ -1159,8 +1159,9 @@ impl Pipeline {
             staged: i32::from(self.staged_rows),
         };
         // SAFETY: uf_route's rows (from every owner's plan, as the host's `routes` would give them)
-        // lie below the owner's plan.rows <= pool_rows (checked by PoolPlan::new), the peer table holds every rank's live symmetric buffer
-        // of `shape.peer_layout()` (Pipeline::new's contract).
+        // lie below the owner's plan.rows <= pool_rows (checked by PoolPlan::new), the peer table
+        // holds every rank's live symmetric buffer of `shape.peer_layout()` (Pipeline::new's
+        // contract).
         unsafe {
             self.glue
                 .dispatch
