@@ -183,7 +183,8 @@ impl Gpu {
             .call("cuMemcpyHtoDAsync")
     }
 
-    /// `len` zeros in page-locked host memory: a copy from it to the device is queued without the
+    /// `len` zeros in page-locked, write-combined host memory (for the host to write and the device
+    /// to read; host reads of it are slow): a copy from it to the device is queued without the
     /// staging (and the wait) a copy from pageable memory takes. Its `as_mut_slice` waits for the
     /// last copy that read it.
     pub fn alloc_pinned<T: DeviceRepr + ValidAsZeroBits>(

@@ -1027,12 +1027,11 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Device addresses of `plan_dev`'s three tables: first rows `[E]`, expert offsets and rows
+    /// Where `plan_dev`'s three tables lie: first rows `[E]`, this rank's expert offsets and rows
     /// `[E/R]` each.
-    fn plan_tables(&self, gpu: &Gpu) -> [u64; 3] {
-        let (base, _g) = self.plan_dev.device_ptr(gpu.stream());
-        let (e, el) = (self.shape.num_experts, self.shape.experts_per_rank());
-        [0, e, e + el].map(|at| base + (at * size_of::<i32>()) as u64)
+    fn plan_tables(shape: &PipelineShape) -> [std::ops::Range<usize>; 3] {
+        let (e, el) = (shape.num_experts, shape.experts_per_rank());
+        [0..e, e..e + el, e + el..e + 2 * el]
     }
 
     /// This rank's pool plan (after [`Pipeline::set_plans`]).
@@ -1102,7 +1101,8 @@ impl Pipeline {
         let inputs = &self.inputs;
         let stream = gpu.stream();
         let (topk_idx, _g4) = inputs.topk_idx.device_ptr(stream);
-        let [first_row, expert_offset, expert_rows] = self.plan_tables(gpu);
+        let [first_row, expert_offset, expert_rows] =
+            Self::plan_tables(&s).map(|table| self.plan_dev.slice(table).device_ptr(stream).0);
         let (route, _g3) = self.route.device_ptr_mut(stream);
         let params = RouteParams {
             topk_idx,
@@ -1226,7 +1226,7 @@ impl Pipeline {
         let key = self.core(gpu, jit, second)?;
         let mma = key.0;
         let plan = self.plan.as_ref().expect("plan");
-        let (e, el) = (self.shape.num_experts, self.shape.experts_per_rank());
+        let [_, offset_table, rows_table] = Self::plan_tables(&self.shape);
         let (act, sf, weights, out) = if second {
             (
                 DeviceBytes::of(gpu, &self.l2_act),
@@ -1253,8 +1253,8 @@ impl Pipeline {
             rows: plan.rows,
             expert_offset: &plan.expert_offset,
             expert_rows: &plan.expert_rows,
-            expert_offset_dev: self.plan_dev.slice(e..e + el),
-            expert_rows_dev: self.plan_dev.slice(e + el..),
+            expert_offset_dev: self.plan_dev.slice(offset_table),
+            expert_rows_dev: self.plan_dev.slice(rows_table),
         };
         self.cores
             .get_mut(&key)
