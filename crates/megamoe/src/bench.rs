@@ -51,8 +51,14 @@ pub struct BenchRow {
     pub pairs: usize,
     /// Wall clock from routing to y on the device (host exchanges and barriers included).
     pub device_us: f64,
-    /// The kernels alone (CUDA events).
+    /// The GPU's span from the first kernel to y (CUDA events), without stage marks.
     pub kernels_us: f64,
+    /// The same span with a mark between every two stages (what the marks cost).
+    pub marked_us: f64,
+    /// Host: the route step (counts exchange, plans, GEMM cores), before anything is queued.
+    pub route_us: f64,
+    /// Host: queueing the stages.
+    pub queue_us: f64,
     pub with_host_io_us: f64,
     /// Over the device wall time.
     pub tflops: f64,
@@ -161,7 +167,7 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
 }
 
 /// Collective: this rank's pipeline for the largest point, then per point a warm-up forward and
-/// `opts.reps` timed ones (with `opts.warm_up_ms`, back to back after that long of them; every
+/// `2 · opts.reps` timed ones, with and without stage marks in turn (with `opts.warm_up_ms`, back to back after that long of them; every
 /// rank runs as many as the slowest needs); `[point][rep]`.
 fn time_points(
     world: &World,
@@ -173,19 +179,32 @@ fn time_points(
 ) -> Result<Vec<Vec<StageTimes>>, CudaError> {
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
     let mut rank = CudaRank::new(world, config, max_tokens, routes, weights)?;
+    // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
+    // a mark costs the host ≈ 1–2 µs, which the GPU waits for where kernels are short).
     inputs
         .iter()
         .map(|point| {
+            rank.set_stage_marks(true);
             rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
             if opts.warm_up_ms == 0 {
-                return (0..opts.reps).map(|_| Ok(rank.forward(point)?.1)).collect();
+                return (0..2 * opts.reps)
+                    .map(|rep| {
+                        rank.set_stage_marks(rep % 2 == 0);
+                        Ok(rank.forward(point)?.1)
+                    })
+                    .collect();
             }
             let one = rank.rerun()?.wall.as_secs_f64().max(1e-5);
             let busy = agree_max(world, (opts.warm_up_ms as f64 * 1e-3 / one).ceil() as u64)?;
             for _ in 0..busy {
                 rank.rerun()?;
             }
-            (0..opts.reps).map(|_| rank.rerun()).collect()
+            (0..2 * opts.reps)
+                .map(|rep| {
+                    rank.set_stage_marks(rep % 2 == 0);
+                    rank.rerun()
+                })
+                .collect()
         })
         .collect()
 }
@@ -200,15 +219,22 @@ fn summarize(
     inputs: &RankInputs,
     runs: &[StageTimes],
 ) -> BenchRow {
-    let median = |f: &dyn Fn(&StageTimes) -> Duration| {
+    let (marked, unmarked): (Vec<StageTimes>, Vec<StageTimes>) =
+        runs.iter().partition(|t| t.stage_marks);
+    let median = |runs: &[StageTimes], f: &dyn Fn(&StageTimes) -> Duration| {
         let mut v: Vec<Duration> = runs.iter().map(f).collect();
         v.sort();
         v[v.len() / 2].as_secs_f64()
     };
-    let device = median(&|t: &StageTimes| t.wall);
-    let kernels = median(&StageTimes::kernels);
-    let with_io = median(&StageTimes::total);
-    let communication = median(&|t: &StageTimes| t.dispatch + t.combine);
+    // The wall and the kernels' span from the forwards without stage marks, the stages from those
+    // with them.
+    let device = median(&unmarked, &|t| t.wall);
+    let kernels = median(&unmarked, &|t| t.span);
+    let with_io = median(&unmarked, &StageTimes::total);
+    let route = median(&unmarked, &|t| t.route);
+    let queue = median(&unmarked, &|t| t.queue);
+    let marked_span = median(&marked, &|t| t.span);
+    let communication = median(&marked, &|t| t.dispatch + t.combine);
     let pairs = inputs.topk_idx.iter().filter(|&&e| e >= 0).count();
     let flops = 2.0 * pairs as f64 * (config.hidden * 3 * config.intermediate) as f64;
     let plan = Plan::new(PlanConfig {
@@ -229,17 +255,17 @@ fn summarize(
         .filter(|_| config.num_ranks > 1)
         .map_or(0.0, |p| p.nvlink.pull + p.nvlink.write_back);
     // The kernels' shares of their own time (the chain from dispatch to the top-k reduction).
-    let kernel_total: f64 = runs
+    let kernel_total: f64 = marked
         .iter()
         .map(|r| r.kernels().as_secs_f64())
         .sum::<f64>()
         .max(1e-12);
-    let stage_shares = runs[0]
+    let stage_shares = marked[0]
         .kernel_stages()
         .iter()
         .enumerate()
         .map(|(s, &(name, _))| {
-            let sum: f64 = runs
+            let sum: f64 = marked
                 .iter()
                 .map(|r| r.kernel_stages()[s].1.as_secs_f64())
                 .sum();
@@ -254,6 +280,9 @@ fn summarize(
         pairs,
         device_us: device * 1e6,
         kernels_us: kernels * 1e6,
+        marked_us: marked_span * 1e6,
+        route_us: route * 1e6,
+        queue_us: queue * 1e6,
         with_host_io_us: with_io * 1e6,
         tflops: flops / device / 1e12,
         kernel_tflops: flops / kernels.max(1e-12) / 1e12,
@@ -270,7 +299,7 @@ fn summarize(
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route          R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s |  comm us  NVLink GB/s | host-I/O us | kernel shares";
+    pub const HEADER: &str = "route          R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | kernel shares";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -282,7 +311,7 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<13} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            "{:<13} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {}",
             format!("{}/{}", self.recipe, self.routes),
             self.ranks,
             self.tokens_per_rank,
@@ -292,6 +321,9 @@ impl std::fmt::Display for BenchRow {
             self.kernels_us,
             self.kernel_tflops,
             self.hbm_gbps,
+            self.marked_us,
+            self.route_us,
+            self.queue_us,
             self.communication_us,
             self.nvlink_gbps,
             self.with_host_io_us,

@@ -93,6 +93,14 @@ pub struct StageTimes {
     /// Host: counts exchange, pool plans (a capacity overflow is refused here), GEMM cores, the
     /// host meeting. No GPU synchronization: the stages follow on the stream.
     pub route: Duration,
+    /// Host: queueing the stages' launches (and marks) after `route`; the GPU starts on the first
+    /// while the host queues the rest.
+    pub queue: Duration,
+    /// GPU: from the route kernel's start to y (CUDA events), idle time included; with stage
+    /// marks the sum of the kernel stages below.
+    pub span: Duration,
+    /// Whether the kernel stages below were timed ([`CudaRank::set_stage_marks`]); zero if not.
+    pub stage_marks: bool,
     /// GPU: each pair's pool row (`uf_route`) and the dispatch kernel.
     pub dispatch: Duration,
     /// GPU: the L1 grouped GEMM.
@@ -197,6 +205,8 @@ pub struct CudaRank<'w> {
     config: Config,
     /// Stage marks of one forward.
     marks: EventTrail,
+    /// Whether forwards record a mark between every two stages ([`CudaRank::set_stage_marks`]).
+    stage_marks: bool,
     /// The expert counts of the inputs on the device ([`CudaRank::rerun`]).
     uploaded: Option<Vec<u32>>,
 }
@@ -261,8 +271,17 @@ impl<'w> CudaRank<'w> {
             symm,
             config: *config,
             marks: EventTrail::new(gpu, FORWARD_MARKS)?,
+            stage_marks: true,
             uploaded: None,
         })
+    }
+
+    /// Whether forwards time every stage (the default) or only the whole chain ([`StageTimes::span`]):
+    /// each mark is an event the host records between two launches, ≈ 1–2 µs of host time that
+    /// the GPU waits for at the start of a forward, where its kernels are shorter than their
+    /// launches.
+    pub fn set_stage_marks(&mut self, on: bool) {
+        self.stage_marks = on;
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -383,31 +402,46 @@ impl<'w> CudaRank<'w> {
         let stream = gpu.stream().clone();
         let marks = &mut self.marks;
         marks.clear();
-        let d0 = marks.mark(&stream)?;
-        self.pipe.dispatch(gpu)?;
-        let d1 = marks.mark(&stream)?;
-        self.pipe.rank_barrier(gpu)?;
-        let g0 = marks.mark(&stream)?;
-        self.pipe.l1(gpu, &self.jit)?;
-        let g1 = marks.mark(&stream)?;
-        self.pipe.swiglu(gpu)?;
-        let g2 = marks.mark(&stream)?;
-        self.pipe.l2(gpu, &self.jit)?;
-        let g3 = marks.mark(&stream)?;
-        self.pipe.combine_send(gpu)?;
-        let g4 = marks.mark(&stream)?;
-        self.pipe.rank_barrier(gpu)?;
-        let c0 = marks.mark(&stream)?;
-        self.pipe.combine_reduce(gpu)?;
-        let c1 = marks.mark(&stream)?;
-        self.pipe.stage_sync(gpu)?;
-        times.wall = times.route + lap(&mut clock);
-        self.pipe.check_barriers(gpu)?;
-        let ms = |a, b| -> Result<Duration, CudaError> {
-            Ok(Duration::from_secs_f64(
-                f64::from(marks.between_ms(a, b)?) * 1e-3,
-            ))
+        let timed = self.stage_marks;
+        let mut mark = |always: bool| -> Result<Option<usize>, CudaError> {
+            Ok(if always || timed {
+                Some(marks.mark(&stream)?)
+            } else {
+                None
+            })
         };
+        let d0 = mark(true)?;
+        self.pipe.dispatch(gpu)?;
+        let d1 = mark(false)?;
+        self.pipe.rank_barrier(gpu)?;
+        let g0 = mark(false)?;
+        self.pipe.l1(gpu, &self.jit)?;
+        let g1 = mark(false)?;
+        self.pipe.swiglu(gpu)?;
+        let g2 = mark(false)?;
+        self.pipe.l2(gpu, &self.jit)?;
+        let g3 = mark(false)?;
+        self.pipe.combine_send(gpu)?;
+        let g4 = mark(false)?;
+        self.pipe.rank_barrier(gpu)?;
+        let c0 = mark(false)?;
+        self.pipe.combine_reduce(gpu)?;
+        let c1 = mark(true)?;
+        times.queue = lap(&mut clock);
+        self.pipe.stage_sync(gpu)?;
+        times.wall = times.route + times.queue + lap(&mut clock);
+        self.pipe.check_barriers(gpu)?;
+        let marks = &self.marks;
+        let ms = |a: Option<usize>, b: Option<usize>| -> Result<Duration, CudaError> {
+            Ok(match (a, b) {
+                (Some(a), Some(b)) => {
+                    Duration::from_secs_f64(f64::from(marks.between_ms(a, b)?) * 1e-3)
+                }
+                _ => Duration::ZERO,
+            })
+        };
+        times.span = ms(d0, c1)?;
+        times.stage_marks = timed;
         times.dispatch = ms(d0, d1)?;
         times.l1 = ms(g0, g1)?;
         times.swiglu = ms(g1, g2)?;
@@ -651,6 +685,9 @@ mod tests {
         let t = StageTimes {
             upload: Duration::from_micros(7),
             route: Duration::from_micros(1),
+            queue: Duration::from_micros(10),
+            span: Duration::from_micros(29),
+            stage_marks: true,
             dispatch: Duration::from_micros(2),
             l1: Duration::from_micros(3),
             swiglu: Duration::from_micros(4),

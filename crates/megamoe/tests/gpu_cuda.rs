@@ -222,10 +222,18 @@ fn sweep_rank(
             times.total().as_secs_f64() * 1e3,
         );
         // The same forward again from the inputs on the device (the benchmark's back-to-back
-        // forwards): the same y, bit for bit, into poisoned outputs.
+        // forwards), without stage marks: the same y, bit for bit, into poisoned outputs.
         rank.poison()?;
         world.barrier()?;
-        rank.rerun()?;
+        rank.set_stage_marks(false);
+        let rerun = rank.rerun()?;
+        rank.set_stage_marks(true);
+        assert!(
+            !rerun.stage_marks
+                && rerun.l1 == Duration::ZERO
+                && (rerun.span > Duration::ZERO || inputs[r].tokens == 0),
+            "{what}: a forward without stage marks times only its span: {rerun:?}"
+        );
         assert!(
             rank.y()?
                 .iter()

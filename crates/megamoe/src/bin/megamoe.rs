@@ -92,7 +92,8 @@ struct BenchArgs {
     /// mx32/bf16 (exact).
     #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route::<Routes>)]
     routes: Vec<(Recipe, Routes)>,
-    /// Timed forwards per point, after one warm-up.
+    /// Timed forwards per point, after one warm-up: as many again with a mark between every two
+    /// stages (the shares and the communication time come from those).
     #[arg(long, default_value_t = 10)]
     reps: usize,
     /// 0: each timed forward with its host I/O (the GPU idles in between, at its burst clock);
