@@ -88,7 +88,7 @@ pub enum CudaError {
 /// the GEMM stages) and the host's (wall clock).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimes {
-    /// Host: validation of the inputs and their upload, until the copies are done.
+    /// Host: validation of the inputs and their upload, until the copies are done on every rank.
     pub upload: Duration,
     /// Host: counts exchange, pool plans (a capacity overflow is refused here), GEMM cores, the
     /// host meeting. No GPU synchronization: the stages follow on the stream.
@@ -327,6 +327,9 @@ impl<'w> CudaRank<'w> {
                 Ok(counts)
             });
         self.uploaded = counts.as_ref().ok().cloned();
+        // Every rank's inputs on its device before the route step starts: its counts exchange
+        // would otherwise wait for the slowest rank's upload and count it as the forward's.
+        self.world.barrier()?;
         let upload = clock.elapsed();
         let mut times = self.run(counts)?;
         times.upload = upload;
