@@ -10,3 +10,15 @@ typedef struct CUtensorMap_st {
     alignas(128) unsigned long long opaque[CU_TENSOR_MAP_NUM_QWORDS];
 } CUtensorMap;
 #endif
+
+// Programmatic dependent launch (cuda_rt::LaunchConfig::programmatic). A kernel launched with it may
+// run while the previous kernel on its stream still does: it must call wait_for_predecessor() before
+// touching global memory that kernel (or any before it) writes or reads; wait_for_predecessor()
+// returns once the previous kernel has completed and its memory operations are visible. Either
+// call is a no-op in a kernel launched without the attribute.
+namespace cuda_rt {
+// Lets the next kernel on the stream (if launched programmatically) start once every block of this
+// one has called this or exited; called early, the next kernel's launch hides behind this one's work.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_predecessor() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+}  // namespace cuda_rt

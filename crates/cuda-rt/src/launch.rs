@@ -1,4 +1,5 @@
-//! Launching: [`LaunchConfig`] (grid, block, dynamic shared memory, cluster shape, cooperative) and the
+//! Launching: [`LaunchConfig`] (grid, block, dynamic shared memory, cluster shape, cooperative,
+//! programmatic dependent launch) and the
 //! [`Launch`] argument builder. Every launch goes through `cuLaunchKernelEx`, since cudarc's launch has
 //! no cluster attribute. Also the occupancy queries a persistent grid is sized by (`Kernel::
 //! max_active_clusters`, `Kernel::max_active_blocks_per_sm`).
@@ -20,6 +21,11 @@ pub struct LaunchConfig {
     pub cluster: Option<[u32; 3]>,
     /// All blocks co-resident (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`), as grid-wide barriers require.
     pub cooperative: bool,
+    /// Programmatic dependent launch (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`): the
+    /// kernel may start before the previous kernel on the stream has finished, once every block of
+    /// that one has called `launch_dependents()` (cuda_rt.cuh) or exited. The kernel must call
+    /// `wait_for_predecessor()` before it touches global memory the previous kernels write or read.
+    pub programmatic: bool,
 }
 
 impl LaunchConfig {
@@ -30,6 +36,7 @@ impl LaunchConfig {
             dynamic_smem_bytes: 0,
             cluster: None,
             cooperative: false,
+            programmatic: false,
         }
     }
 
@@ -50,6 +57,12 @@ impl LaunchConfig {
 
     pub fn cooperative(mut self) -> Self {
         self.cooperative = true;
+        self
+    }
+
+    /// See [`LaunchConfig::programmatic`].
+    pub fn programmatic(mut self, on: bool) -> Self {
+        self.programmatic = on;
         self
     }
 
@@ -189,7 +202,7 @@ impl<'a> Launch<'a> {
 impl LaunchConfig {
     /// The cluster and cooperative attributes of a driver launch config.
     fn attributes(&self) -> Vec<sys::CUlaunchAttribute> {
-        let mut attrs = Vec::with_capacity(2);
+        let mut attrs = Vec::with_capacity(3);
         if let Some([x, y, z]) = self.cluster {
             // SAFETY: an all-zero attribute value is valid; one union field is then written.
             let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
@@ -207,6 +220,15 @@ impl LaunchConfig {
             value.cooperative = 1;
             attrs.push(attribute(
                 sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                value,
+            ));
+        }
+        if self.programmatic {
+            // SAFETY: as above.
+            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+            value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(attribute(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 value,
             ));
         }
@@ -283,5 +305,36 @@ fn attribute(
         id,
         pad: [0; 4],
         value,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_follow_the_config() {
+        let ids = |c: LaunchConfig| -> Vec<sys::CUlaunchAttributeID> {
+            c.attributes().iter().map(|a| a.id).collect()
+        };
+        assert!(ids(LaunchConfig::linear(4, 32)).is_empty());
+        assert!(ids(LaunchConfig::linear(4, 32).programmatic(false)).is_empty());
+        assert_eq!(
+            ids(LaunchConfig::linear(4, 32)
+                .cluster([2, 1, 1])
+                .cooperative()
+                .programmatic(true)),
+            [
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            ]
+        );
+        let programmatic = LaunchConfig::linear(4, 32).programmatic(true).attributes()[0];
+        // SAFETY: the attribute was built with this union field.
+        assert_eq!(
+            unsafe { programmatic.value.programmaticStreamSerializationAllowed },
+            1
+        );
     }
 }

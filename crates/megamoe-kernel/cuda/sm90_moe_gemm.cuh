@@ -51,6 +51,7 @@
 #pragma once
 
 #include "barriers.cuh"
+#include "cuda_rt.cuh"
 #include "fp_formats.cuh"
 #include "sm90_ptx.cuh"
 
@@ -736,6 +737,11 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   // C7511, when they do not fit).
   static_assert(!kSplitTail || (kCtas == 2 && kCluster == 1), "the split tail is for two-CTA tiles without clusters");
   static_assert(!kNarrowTiles || kCtas == 2, "narrow tiles are two-CTA tiles");
+  // Launched programmatically in a pipeline, the launch overlapped the previous stage; nothing
+  // below may touch what that stage writes before it is complete. The next stage launches as the
+  // CTAs exit: an explicit launch_dependents here (or a wait after the barriers' set-up) made
+  // ptxas serialize the two-CTA FP8 wgmmas (C7511).
+  cuda_rt::wait_for_predecessor();
   extern __shared__ __align__(1024) u8 smem_raw[];
   // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
   // address space, and every shared-memory read would become a generic LD.

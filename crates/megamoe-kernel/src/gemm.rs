@@ -481,6 +481,7 @@ impl TilePlan {
         .no_spill()
         .headers(crate::CUDA_HEADERS)
         .headers(barriers::CUDA_HEADERS)
+        .header(cuda_rt::CUDA_HEADER)
     }
 
     /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
@@ -661,6 +662,8 @@ pub struct GemmCore {
     /// Dynamic schedule: the next item and the CTAs done drawing, zero between launches; empty
     /// for the static schedule.
     tickets: CudaSlice<u32>,
+    /// Launches are programmatic ([`GemmCore::chain_after_kernel`]).
+    chained: bool,
 }
 
 impl GemmCore {
@@ -713,7 +716,15 @@ impl GemmCore {
             partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
             tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
+            chained: false,
         })
+    }
+
+    /// Whether the next launches may start while the previous kernel on the stream still runs
+    /// (`LaunchConfig::programmatic`): the CTAs set up their barriers and tables meanwhile and wait
+    /// for it before they read anything. For a kernel queued right after another of a pipeline.
+    pub fn chain_after_kernel(&mut self, on: bool) {
+        self.chained = on;
     }
 
     /// `out[row][n] = bf16(Σ_k act[row][k] · w_e[n][k])` for every row of every expert; other rows of
@@ -842,8 +853,9 @@ impl GemmCore {
             tickets,
             trace,
         };
-        let mut config =
-            LaunchConfig::linear(self.grid, THREADS).dynamic_smem(self.plan.smem_bytes() as u32);
+        let mut config = LaunchConfig::linear(self.grid, THREADS)
+            .dynamic_smem(self.plan.smem_bytes() as u32)
+            .programmatic(self.chained);
         if self.plan.cluster > 1 {
             config = config.cluster([self.plan.cluster as u32, 1, 1]);
         }

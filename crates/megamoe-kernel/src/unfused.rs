@@ -554,6 +554,7 @@ pub fn glue_spec(recipe: Recipe, routes: Routes) -> KernelSpec {
     .header(UNFUSED_HEADER)
     .header(crate::pool_order::CUDA_HEADER)
     .headers(barriers::CUDA_HEADERS)
+    .header(cuda_rt::CUDA_HEADER)
     .define("UF_G", recipe.group())
     .define("UF_L1_FP8_POOL", u8::from(routes.l1 == Mma::Fp8))
     .define("UF_L2_FP8_POOL", u8::from(routes.l2 == Mma::Fp8))
@@ -766,6 +767,27 @@ fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::Va
 /// *barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`] (*barrier* =
 /// [`Pipeline::rank_barrier`], on the device). After the last barrier no peer touches this rank's
 /// symmetric buffer until its next dispatch.
+/// Programmatic launches between a forward's stage kernels ([`Pipeline::set_chained_launches`]).
+struct LaunchChain {
+    enabled: bool,
+    /// The last operation queued is a stage kernel that the next one may chain after (not a copy,
+    /// not a cross-rank barrier).
+    after_stage: bool,
+}
+
+impl LaunchChain {
+    /// Whether the next stage kernel launches programmatically: it directly follows another one.
+    fn next_is_chained(&mut self) -> bool {
+        let after_stage = std::mem::replace(&mut self.after_stage, true);
+        self.enabled && after_stage
+    }
+
+    /// `config` for the next stage kernel.
+    fn next(&mut self, config: LaunchConfig) -> LaunchConfig {
+        config.programmatic(self.next_is_chained())
+    }
+}
+
 pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
@@ -788,6 +810,8 @@ pub struct Pipeline {
     barrier_timeout: Duration,
     /// This forward's rows from peers go through `l1_staged` (set_plans).
     staged_rows: bool,
+    /// Which stage kernels launch programmatically ([`Pipeline::set_chained_launches`]).
+    chain: LaunchChain,
     l1_out: CudaSlice<u16>,
     /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
     silu: CudaSlice<f32>,
@@ -882,6 +906,10 @@ impl Pipeline {
             barrier_error: gpu.alloc_zeros(1)?,
             barrier_timeout: barriers::DEFAULT_TIMEOUT,
             staged_rows: false,
+            chain: LaunchChain {
+                enabled: true,
+                after_stage: false,
+            },
             l1_out: poisoned(gpu, rows * 2 * i)?,
             silu,
             l2_act: poisoned(gpu, rows * i * routes.l2.act_elem())?,
@@ -1022,6 +1050,7 @@ impl Pipeline {
         table[..el].copy_from_slice(&own.expert_offset);
         table[el..].copy_from_slice(&own.expert_rows);
         gpu.upload_into(&self.plan_host, &mut self.plan_dev)?;
+        self.chain.after_stage = false;
         self.staged_rows = stages_rows(&plans);
         self.plan = Some(own);
         Ok(())
@@ -1037,6 +1066,14 @@ impl Pipeline {
     /// This rank's pool plan (after [`Pipeline::set_plans`]).
     pub fn plan(&self) -> Option<&PoolPlan> {
         self.plan.as_ref()
+    }
+
+    /// Whether each stage kernel may launch while the one before it still runs (the default): it
+    /// starts with `griddepcontrol`'s wait for its predecessor (cuda_rt.cuh), so only the launch
+    /// and the CTAs' set-up overlap the previous stage, never its work. Not across a cross-rank
+    /// barrier or the plan's copy.
+    pub fn set_chained_launches(&mut self, on: bool) {
+        self.chain.enabled = on;
     }
 
     /// Waits for this rank's queued stages.
@@ -1056,7 +1093,7 @@ impl Pipeline {
     /// other ranks through the `signals` region; with one rank there is nothing to wait for).
     /// A rank missing for the timeout sets the error word and lets the stream go on, so the
     /// forward's results are void: [`Self::check_barriers`] says so once the stream is done.
-    pub fn rank_barrier(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
+    pub fn rank_barrier(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         if self.shape.num_ranks == 1 {
             return Ok(());
         }
@@ -1078,6 +1115,8 @@ impl Pipeline {
                 .scalar(params)
                 .launch()?
         };
+        // The peers' writes this barrier waits for reach the next stage through its completion.
+        self.chain.after_stage = false;
         Ok(())
     }
 
@@ -1126,7 +1165,8 @@ impl Pipeline {
                 .route
                 .launch(
                     stream,
-                    LaunchConfig::linear(s.num_experts as u32, ROUTE_THREADS),
+                    self.chain
+                        .next(LaunchConfig::linear(s.num_experts as u32, ROUTE_THREADS)),
                 )
                 .scalar(params)
                 .launch()?
@@ -1165,7 +1205,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .dispatch
-                .launch(stream, glue_grid(gpu, pairs, s.hidden, 16))
+                .launch(stream, self.chain.next(glue_grid(gpu, pairs, s.hidden, 16)))
                 .scalar(params)
                 .launch()?
         };
@@ -1256,10 +1296,9 @@ impl Pipeline {
             expert_offset_dev: self.plan_dev.slice(offset_table),
             expert_rows_dev: self.plan_dev.slice(rows_table),
         };
-        self.cores
-            .get_mut(&key)
-            .expect("compiled above")
-            .run(gpu, weights, &pool, out)?;
+        let core = self.cores.get_mut(&key).expect("compiled above");
+        core.chain_after_kernel(self.chain.next_is_chained());
+        core.run(gpu, weights, &pool, out)?;
         Ok(())
     }
 
@@ -1307,7 +1346,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .unstage
-                .launch(gpu.stream(), config)
+                .launch(gpu.stream(), self.chain.next(config))
                 .scalar(params)
                 .launch()?
         };
@@ -1345,7 +1384,10 @@ impl Pipeline {
         unsafe {
             self.glue
                 .swiglu
-                .launch(stream, glue_grid(gpu, rows, s.intermediate, 4))
+                .launch(
+                    stream,
+                    self.chain.next(glue_grid(gpu, rows, s.intermediate, 4)),
+                )
                 .scalar(params)
                 .launch()?
         };
@@ -1384,7 +1426,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .combine_send
-                .launch(stream, glue_grid(gpu, rows, s.hidden, 8))
+                .launch(stream, self.chain.next(glue_grid(gpu, rows, s.hidden, 8)))
                 .scalar(params)
                 .launch()?
         };
@@ -1423,7 +1465,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .combine_reduce
-                .launch(stream, glue_grid(gpu, tokens, s.hidden, 8))
+                .launch(stream, self.chain.next(glue_grid(gpu, tokens, s.hidden, 8)))
                 .scalar(params)
                 .launch()?
         };

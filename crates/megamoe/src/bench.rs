@@ -37,6 +37,8 @@ pub struct BenchOptions {
     /// ([`CudaRank::rerun`]) for this long, then the timed ones the same way: the GPU busy, as in
     /// serving, at its power-capped sustained clock.
     pub warm_up_ms: u64,
+    /// Stage kernels launched programmatically after each other (the pipeline's default).
+    pub chained_launches: bool,
 }
 
 /// One measured point; times are medians over the reps, in microseconds.
@@ -179,6 +181,7 @@ fn time_points(
 ) -> Result<Vec<Vec<StageTimes>>, CudaError> {
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
     let mut rank = CudaRank::new(world, config, max_tokens, routes, weights)?;
+    rank.set_chained_launches(opts.chained_launches);
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
     // a mark costs the host ≈ 1–2 µs, which the GPU waits for where kernels are short).
     inputs

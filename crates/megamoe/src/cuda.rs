@@ -276,6 +276,12 @@ impl<'w> CudaRank<'w> {
         })
     }
 
+    /// Whether each stage kernel may launch while the one before it still runs (the default; see
+    /// [`megamoe_kernel::unfused::Pipeline::set_chained_launches`]).
+    pub fn set_chained_launches(&mut self, on: bool) {
+        self.pipe.set_chained_launches(on);
+    }
+
     /// Whether forwards time every stage (the default) or only the whole chain ([`StageTimes::span`]):
     /// each mark is an event the host records between two launches, ≈ 1–2 µs of host time that
     /// the GPU waits for at the start of a forward, where its kernels are shorter than their

@@ -101,6 +101,10 @@ struct BenchArgs {
     /// GPU busy, at its power-capped sustained clock, as in serving).
     #[arg(long, default_value_t = 0)]
     warm_up_ms: u64,
+    /// Launch every stage kernel only after the previous one has finished, instead of
+    /// programmatically while it finishes (for comparison).
+    #[arg(long)]
+    unchained_launches: bool,
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -560,6 +564,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         routes: args.routes.clone(),
         reps: args.reps.max(1),
         warm_up_ms: args.warm_up_ms,
+        chained_launches: !args.unchained_launches,
     };
     let bar = ProgressBar::new((args.tokens.len() * args.routes.len()) as u64);
     bar.set_style(
@@ -576,7 +581,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let header = || {
         if !args.json {
             say(format!(
-                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}{}",
+                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}{}{}",
                 args.preset,
                 config.num_ranks,
                 match args.world {
@@ -596,6 +601,11 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                         ", back to back without host I/O after {} ms of them (sustained clock)",
                         opts.warm_up_ms
                     )
+                },
+                if opts.chained_launches {
+                    ""
+                } else {
+                    "; stage kernels unchained"
                 }
             ));
             say(megamoe::bench::BenchRow::HEADER.to_owned());
