@@ -200,36 +200,26 @@ impl<'a> Launch<'a> {
 }
 
 impl LaunchConfig {
-    /// The cluster and cooperative attributes of a driver launch config.
+    /// The cluster, cooperative and programmatic attributes of a driver launch config.
     fn attributes(&self) -> Vec<sys::CUlaunchAttribute> {
+        use sys::CUlaunchAttributeID as Id;
         let mut attrs = Vec::with_capacity(3);
         if let Some([x, y, z]) = self.cluster {
-            // SAFETY: an all-zero attribute value is valid; one union field is then written.
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.clusterDim.x = x;
-            value.clusterDim.y = y;
-            value.clusterDim.z = z;
-            attrs.push(attribute(
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                value,
-            ));
+            attrs.push(attribute(Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, |v| {
+                v.clusterDim.x = x;
+                v.clusterDim.y = y;
+                v.clusterDim.z = z;
+            }));
         }
         if self.cooperative {
-            // SAFETY: as above.
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.cooperative = 1;
-            attrs.push(attribute(
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
-                value,
-            ));
+            attrs.push(attribute(Id::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, |v| {
+                v.cooperative = 1;
+            }));
         }
         if self.programmatic {
-            // SAFETY: as above.
-            let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-            value.programmaticStreamSerializationAllowed = 1;
             attrs.push(attribute(
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                value,
+                Id::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                |v| v.programmaticStreamSerializationAllowed = 1,
             ));
         }
         attrs
@@ -297,10 +287,14 @@ impl Kernel {
     }
 }
 
+/// A launch attribute whose value `set` writes into an all-zero union (the field of `id`).
 fn attribute(
     id: sys::CUlaunchAttributeID,
-    value: sys::CUlaunchAttributeValue,
+    set: impl FnOnce(&mut sys::CUlaunchAttributeValue),
 ) -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute value is valid for every field of the union.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    set(&mut value);
     sys::CUlaunchAttribute {
         id,
         pad: [0; 4],
