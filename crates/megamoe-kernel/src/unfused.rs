@@ -757,16 +757,6 @@ fn poisoned<T: cuda_rt::cudarc::driver::DeviceRepr + cuda_rt::cudarc::driver::Va
     Ok(s)
 }
 
-/// One rank's unfused pipeline: its transformed weights, its local buffers (L1/L2 outputs, the L2
-/// pool, y), its view of every rank's symmetric buffer (its own L1 pool, metadata and combine
-/// buffer live in its own), and a method per stage. Every stage is queued on the GPU's stream;
-/// [`Pipeline::stage_sync`] waits for it. The caller runs, on every rank in this order:
-/// [`Pipeline::set_inputs`] (+ the counts exchange and [`Pipeline::set_plans`]), *a host meeting*
-/// (no rank compiles while a peer waits on the device), [`Pipeline::dispatch`], *barrier*,
-/// [`Pipeline::l1`], [`Pipeline::swiglu`], [`Pipeline::l2`], [`Pipeline::combine_send`],
-/// *barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`] (*barrier* =
-/// [`Pipeline::rank_barrier`], on the device). After the last barrier no peer touches this rank's
-/// symmetric buffer until its next dispatch.
 /// Programmatic launches between a forward's stage kernels ([`Pipeline::set_chained_launches`]).
 struct LaunchChain {
     enabled: bool,
@@ -788,6 +778,16 @@ impl LaunchChain {
     }
 }
 
+/// One rank's unfused pipeline: its transformed weights, its local buffers (L1/L2 outputs, the L2
+/// pool, y), its view of every rank's symmetric buffer (its own L1 pool, metadata and combine
+/// buffer live in its own), and a method per stage. Every stage is queued on the GPU's stream;
+/// [`Pipeline::stage_sync`] waits for it. The caller runs, on every rank in this order:
+/// [`Pipeline::set_inputs`] (+ the counts exchange and [`Pipeline::set_plans`]), *a host meeting*
+/// (no rank compiles while a peer waits on the device), [`Pipeline::dispatch`], *barrier*,
+/// [`Pipeline::l1`], [`Pipeline::swiglu`], [`Pipeline::l2`], [`Pipeline::combine_send`],
+/// *barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`] (*barrier* =
+/// [`Pipeline::rank_barrier`], on the device). After the last barrier no peer touches this rank's
+/// symmetric buffer until its next dispatch.
 pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
