@@ -169,8 +169,9 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
 }
 
 /// Collective: this rank's pipeline for the largest point, then per point a warm-up forward and
-/// `2 · opts.reps` timed ones, with and without stage marks in turn (with `opts.warm_up_ms`, back to back after that long of them; every
-/// rank runs as many as the slowest needs); `[point][rep]`.
+/// `2 · opts.reps` timed ones, with and without stage marks in turn (with `opts.warm_up_ms`, back
+/// to back after that long of them; every rank runs as many as the slowest needs);
+/// `[point][rep]`.
 fn time_points(
     world: &World,
     config: &Config,
