@@ -184,7 +184,7 @@ fn time_points(
     let mut rank = CudaRank::new(world, config, max_tokens, routes, weights)?;
     rank.set_chained_launches(opts.chained_launches);
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
-    // a mark costs the host ≈ 1–2 µs, which the GPU waits for where kernels are short).
+    // each mark costs a forward ≈ 1–1.5 µs of GPU time).
     inputs
         .iter()
         .map(|point| {

@@ -283,9 +283,8 @@ impl<'w> CudaRank<'w> {
     }
 
     /// Whether forwards time every stage (the default) or only the whole chain ([`StageTimes::span`]):
-    /// each mark is an event the host records between two launches, ≈ 1–2 µs of host time that
-    /// the GPU waits for at the start of a forward, where its kernels are shorter than their
-    /// launches.
+    /// each mark is an event recorded between two launches, which costs the forward ≈ 1–1.5 µs of
+    /// GPU time (perf.md v67).
     pub fn set_stage_marks(&mut self, on: bool) {
         self.stage_marks = on;
     }
