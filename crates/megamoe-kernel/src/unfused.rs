@@ -776,6 +776,12 @@ impl LaunchChain {
     fn next(&mut self, config: LaunchConfig) -> LaunchConfig {
         config.programmatic(self.next_is_chained())
     }
+
+    /// Something that is no stage kernel was queued (a copy, a cross-rank barrier): the next
+    /// kernel waits for it the ordinary way.
+    fn interrupt(&mut self) {
+        self.after_stage = false;
+    }
 }
 
 /// One rank's unfused pipeline: its transformed weights, its local buffers (L1/L2 outputs, the L2
@@ -1050,7 +1056,7 @@ impl Pipeline {
         table[..el].copy_from_slice(&own.expert_offset);
         table[el..].copy_from_slice(&own.expert_rows);
         gpu.upload_into(&self.plan_host, &mut self.plan_dev)?;
-        self.chain.after_stage = false;
+        self.chain.interrupt();
         self.staged_rows = stages_rows(&plans);
         self.plan = Some(own);
         Ok(())
@@ -1116,7 +1122,7 @@ impl Pipeline {
                 .launch()?
         };
         // The peers' writes this barrier waits for reach the next stage through its completion.
-        self.chain.after_stage = false;
+        self.chain.interrupt();
         Ok(())
     }
 
@@ -1627,6 +1633,29 @@ mod tests {
             assert_eq!(used as i32, p.expert_rows.iter().sum::<i32>());
             assert!(p.expert_offset.iter().all(|&off| off % 16 == 0));
             assert!(p.rows <= cap);
+        }
+    }
+
+    /// A forward's launches as the pipeline queues them: the route kernel after the plan's copy,
+    /// the dispatch, a cross-rank barrier, the L1 GEMM, SwiGLU; only a kernel right after another
+    /// stage kernel is programmatic, and none when the chain is off.
+    #[test]
+    fn only_a_stage_kernel_after_a_stage_kernel_is_chained() {
+        for enabled in [true, false] {
+            let mut chain = LaunchChain {
+                enabled,
+                after_stage: false,
+            };
+            let config = LaunchConfig::linear(1, 32);
+            let route = chain.next(config).programmatic;
+            let dispatch = chain.next(config).programmatic;
+            chain.interrupt(); // rank_barrier
+            let l1 = chain.next_is_chained();
+            let swiglu = chain.next(config).programmatic;
+            assert_eq!(
+                [route, dispatch, l1, swiglu],
+                [false, enabled, false, enabled]
+            );
         }
     }
 
