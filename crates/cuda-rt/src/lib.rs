@@ -17,14 +17,14 @@
 //! | `cache` (private) | the cache files, written atomically |
 //! | [`ptxas`] | [`KernelResources`] (registers, spills, stack, static smem) parsed from the ptxas `-v` report |
 //! | [`module`] | [`Gpu::load_module`] → [`Module`] → [`Kernel`]; dynamic shared memory past 48 KiB |
-//! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative) and the [`Launch`] argument builder, over `cuLaunchKernelEx`; the occupancy of a persistent grid (resident clusters, blocks per SM) |
+//! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative, programmatic dependent launch) and the [`Launch`] argument builder, over `cuLaunchKernelEx`; the occupancy of a persistent grid (resident clusters, blocks per SM) |
 //! | [`tma`] | [`TensorMapDesc`] with field-by-field validation ([`TmaError`]) and `cuTensorMapEncodeTiled` → [`TensorMap`] |
 //! | [`peer`] | [`Gpu::enable_peer_access`], [`enable_peer_access_all`] |
 //! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
 //! | [`timing`] | CUDA-event timing: [`GpuTimer`] (start/stop), [`timing::EventTrail`] (marks along a stream, the time between any two) |
 //! | [`selftest`] | the kernels this crate tests itself with on a GPU |
 //! | [`testing`] | helpers for GPU tests: [`testing::gpus_or_skip`] |
-//! | [`CUDA_HEADER`] | `cuda/cuda_rt.cuh`: `CUtensorMap` for NVRTC-compiled kernels (cuda.h does not compile under NVRTC) |
+//! | [`CUDA_HEADER`] | `cuda/cuda_rt.cuh`: `CUtensorMap` for NVRTC-compiled kernels (cuda.h does not compile under NVRTC); `launch_dependents` / `wait_for_predecessor`, the device side of a programmatic launch |
 //!
 //! Device memory is cudarc's [`CudaSlice`]; this crate does not wrap it.
 //!
@@ -72,7 +72,8 @@ pub use tma::{
 pub use toolkit::Toolkit;
 pub use vmm::{Mapping, SharedMemory};
 
-/// The device header (`#include "cuda_rt.cuh"`): `CUtensorMap` for kernels compiled by NVRTC.
+/// The device header (`#include "cuda_rt.cuh"`): `CUtensorMap` for kernels compiled by NVRTC, and the
+/// grid-dependency calls of a programmatic launch ([`LaunchConfig::programmatic`]).
 pub const CUDA_HEADER: Header = ("cuda_rt.cuh", include_str!("../cuda/cuda_rt.cuh"));
 
 /// cudarc, re-exported so dependants use the same version: `CudaSlice`, `CudaStream`, `sys`, ...

@@ -3,9 +3,10 @@
 #include "cuda_rt.cuh"
 #include "sm90_unfused.cuh"
 
-// Every glue kernel may be launched programmatically after the previous stage (Pipeline's launch
+// Every stage kernel may be launched programmatically after the previous stage (Pipeline's launch
 // chain): it lets the next stage launch at once and waits for the previous one before touching
-// memory, so only the launches overlap, never the stages' work.
+// memory, so only the launches overlap, never the stages' work. The cross-rank barrier is never
+// chained, nor anything after it.
 #define UF_CHAINED() \
   cuda_rt::launch_dependents(); \
   cuda_rt::wait_for_predecessor()
@@ -52,6 +53,5 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_rank_barrier(const __grid_constant__ mm::unfused::RankBarrierParams p) {
-  UF_CHAINED();
   mm::unfused::rank_barrier(p);
 }

@@ -721,8 +721,9 @@ impl GemmCore {
     }
 
     /// Whether the next launches may start while the previous kernel on the stream still runs
-    /// (`LaunchConfig::programmatic`): the CTAs set up their barriers and tables meanwhile and wait
-    /// for it before they read anything. For a kernel queued right after another of a pipeline.
+    /// (`LaunchConfig::programmatic`): its launch overlaps that kernel's end, and every CTA waits
+    /// for it (`griddepcontrol.wait`) before anything else. For a kernel queued right after
+    /// another of a pipeline.
     pub fn chain_after_kernel(&mut self, on: bool) {
         self.chained = on;
     }
