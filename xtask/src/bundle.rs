@@ -1,10 +1,12 @@
 //! `cargo xtask gpu-bundle`: the GPU tests as a self-contained folder for a GPU machine without Rust.
 //!
 //! `.gpu-bundle/` gets every workspace test binary that has ignored (GPU) tests, built in release and
-//! stripped of debug info, the workspace's release binaries (the `megamoe` CLI), and `run.sh`. The
-//! binaries need only glibc: cudarc loads libcuda and libnvrtc at run time, and run.sh points
-//! `CUDA_PATH` at the machine's toolkit.
+//! stripped of debug info, the workspace's release binaries (the `megamoe` CLI), `run.sh` (the GPU
+//! tests, counted as passed, failed and skipped) and `sanitize.sh` (the kernel families under
+//! compute-sanitizer, `crate::sanitize`). The binaries need only glibc: cudarc loads libcuda and
+//! libnvrtc at run time, and the scripts point `CUDA_PATH` at the machine's toolkit.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -12,9 +14,9 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::cargo;
+use crate::{cargo, sanitize};
 
-const BUNDLE_DIR: &str = ".gpu-bundle";
+pub const BUNDLE_DIR: &str = ".gpu-bundle";
 const SIZE_BUDGET: u64 = 60 << 20;
 
 /// One test or bin executable from cargo's JSON messages.
@@ -24,7 +26,8 @@ struct Artifact {
     path: PathBuf,
 }
 
-pub fn build(root: &Path) -> Result<()> {
+/// Builds the bundle and returns its folder.
+pub fn build(root: &Path) -> Result<PathBuf> {
     let tests = artifacts(
         root,
         &["test", "--workspace", "--release", "--no-run"],
@@ -46,13 +49,15 @@ pub fn build(root: &Path) -> Result<()> {
     fs::create_dir_all(dir.join("bench"))?;
 
     let mut bundled = 0;
+    let mut gpu_tests = BTreeSet::new();
     for test in &tests {
-        let ignored = count_ignored(&test.path)?;
-        if ignored == 0 {
+        let ignored = ignored_tests(&test.path)?;
+        if ignored.is_empty() {
             continue;
         }
         copy_stripped(&test.path, &dir.join("tests").join(&test.name))?;
-        println!("tests/{:<32} {ignored} GPU test(s)", test.name);
+        println!("tests/{:<32} {} GPU test(s)", test.name, ignored.len());
+        gpu_tests.extend(ignored.iter().map(|t| format!("{}::{t}", test.name)));
         bundled += 1;
     }
     for bin in bins.iter().filter(|b| !b.name.starts_with("xtask.")) {
@@ -67,9 +72,15 @@ pub fn build(root: &Path) -> Result<()> {
     if bundled == 0 {
         bail!("no test binary has ignored (GPU) tests");
     }
-    let run_sh = dir.join("run.sh");
-    fs::write(&run_sh, RUN_SH)?;
-    make_executable(&run_sh)?;
+    sanitize::check_entries(&gpu_tests)?;
+    for (name, text) in [
+        ("run.sh", RUN_SH.to_owned()),
+        ("sanitize.sh", sanitize::script()),
+    ] {
+        let path = dir.join(name);
+        fs::write(&path, text)?;
+        make_executable(&path)?;
+    }
     fs::write(dir.join("VERSION"), version(root))?;
 
     let size = dir_size(&dir)?;
@@ -81,7 +92,7 @@ pub fn build(root: &Path) -> Result<()> {
     if size > SIZE_BUDGET {
         bail!("the bundle is {size} B, over the {SIZE_BUDGET} B budget");
     }
-    Ok(())
+    Ok(dir)
 }
 
 /// Which executables of a cargo run to keep.
@@ -149,8 +160,8 @@ fn artifacts(root: &Path, args: &[&str], pick: Pick) -> Result<Vec<Artifact>> {
     Ok(found)
 }
 
-/// How many ignored tests a libtest binary has (`--list --ignored` lists only those).
-fn count_ignored(test: &Path) -> Result<usize> {
+/// The ignored (GPU) tests of a libtest binary (`--list --ignored` lists only those).
+fn ignored_tests(test: &Path) -> Result<Vec<String>> {
     let out = Command::new(test)
         .args(["--list", "--ignored"])
         .output()
@@ -160,8 +171,9 @@ fn count_ignored(test: &Path) -> Result<usize> {
     }
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.ends_with(": test"))
-        .count())
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_owned)
+        .collect())
 }
 
 /// Copies `from` to `to` without debug info (panic messages keep file:line; they need none).

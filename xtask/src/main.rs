@@ -4,14 +4,16 @@
 //! |---|---|
 //! | `setup-cuda` | ensures a CUDA toolchain (`scripts/cuda-toolchain.sh`) and prints its environment |
 //! | `kernels` | compiles every registered kernel for sm_90a and sm_100a, prints the ptxas resource table, fails on a compile error or a spill in a `no_spill` kernel |
-//! | `test-gpu` | on a machine with a GPU: `cargo test --workspace -- --ignored` |
+//! | `test-gpu` | on a machine with a GPU: the bundle's GPU tests through its `run.sh`, one process a test, counted as passed, failed and skipped |
 //! | `test-multigpu` | the same on a machine with ≥ 2 GPUs, where a test that needs more GPUs than present fails instead of skipping; the multi-process tests (symm-mem's worlds, the cuda backend's `--world process`) launch their test binary once per rank |
-//! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with a `run.sh` for a GPU machine without Rust |
+//! | `sanitize` | on a machine with a GPU: every kernel family on tiny shapes under compute-sanitizer's memcheck, racecheck, synccheck and initcheck (the bundle's `sanitize.sh`) |
+//! | `gpu-bundle` | builds the GPU test binaries in release into `.gpu-bundle/` with `run.sh` and `sanitize.sh` for a GPU machine without Rust |
 //! | `ci` | the CI entry point: `setup-cuda`, `cargo test --workspace`, `kernels` |
 //! | `demo` | the main job: generate a problem, run it on the CPU backend, check it against `scripts/check_reference.py`; with a GPU per rank, also the CUDA backend checked against the CPU and the grouped-GEMM benchmark |
 
 mod bundle;
 mod kernels;
+mod sanitize;
 mod toolchain;
 
 use std::path::{Path, PathBuf};
@@ -34,20 +36,29 @@ enum Cmd {
     SetupCuda,
     /// Compile every registered kernel specialization and print registers, spills, stack and smem.
     Kernels(kernels::Args),
-    /// Run the GPU tests (the `#[ignore = "needs a CUDA GPU"]` ones) here; needs a GPU.
+    /// Run the GPU tests (the `#[ignore = "needs a CUDA GPU"]` ones) here, each in its own
+    /// process, and count them as passed, failed and skipped; needs a GPU.
     TestGpu {
-        /// Extra arguments for the test binaries, e.g. a name filter.
-        #[arg(last = true)]
-        test_args: Vec<String>,
+        /// Only tests whose `<suite>::<test>` name contains this.
+        filter: Option<String>,
     },
     /// Run the GPU tests on a machine with at least `--gpus` GPUs (default 2); no multi-GPU test
     /// may skip. On a GPU machine without Rust: `MEGAMOE_REQUIRE_GPUS=2 .gpu-bundle/run.sh`.
     TestMultigpu {
         #[arg(long, default_value_t = 2)]
         gpus: usize,
-        /// Extra arguments for the test binaries, e.g. a name filter.
-        #[arg(last = true)]
-        test_args: Vec<String>,
+        /// Only tests whose `<suite>::<test>` name contains this.
+        filter: Option<String>,
+    },
+    /// Run every kernel family on tiny shapes under compute-sanitizer (memcheck, racecheck,
+    /// synccheck, initcheck); fails on any report. On a GPU machine without Rust:
+    /// `.gpu-bundle/sanitize.sh`.
+    Sanitize {
+        /// Only these tools (a substring of memcheck, racecheck, synccheck, initcheck).
+        #[arg(long)]
+        tool: Option<String>,
+        /// Only runs whose `<suite>::<test>` name contains this.
+        filter: Option<String>,
     },
     /// Build the GPU test binaries (release) into .gpu-bundle/ with run.sh, for a GPU machine.
     GpuBundle,
@@ -83,9 +94,18 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::SetupCuda => run(&mut Command::new(root.join(toolchain::SCRIPT))),
         Cmd::Kernels(args) => kernels::run(&args),
-        Cmd::TestGpu { test_args } => test_gpu(&root, &test_args, None),
-        Cmd::TestMultigpu { gpus, test_args } => test_gpu(&root, &test_args, Some(gpus)),
-        Cmd::GpuBundle => bundle::build(&root),
+        Cmd::TestGpu { filter } => test_gpu(&root, filter.as_deref(), None),
+        Cmd::TestMultigpu { gpus, filter } => test_gpu(&root, filter.as_deref(), Some(gpus)),
+        Cmd::Sanitize { tool, filter } => {
+            gpus_here()?;
+            let env = toolchain::ensure(&root)?;
+            let bundle = bundle::build(&root)?;
+            run(Command::new(bundle.join("sanitize.sh"))
+                .arg(tool.unwrap_or_default())
+                .arg(filter.unwrap_or_default())
+                .envs(env))
+        }
+        Cmd::GpuBundle => bundle::build(&root).map(drop),
         Cmd::Demo {
             preset,
             ranks,
@@ -197,28 +217,15 @@ fn python_env(root: &Path) -> Result<PathBuf> {
     Ok(python)
 }
 
-/// The ignored (GPU) tests; with `require_gpus`, the machine must have that many GPUs and the tests
-/// are told so (`cuda_rt::testing::REQUIRE_GPUS_ENV`), so none of them can pass by skipping.
-fn test_gpu(root: &Path, test_args: &[String], require_gpus: Option<usize>) -> Result<()> {
-    let devices = cuda_rt::Gpu::list().map_err(|e| {
-        anyhow::anyhow!(
-            "{e}\nthe GPU tests need a GPU: on a machine without one, build a bundle with \
-             `cargo xtask gpu-bundle` and run .gpu-bundle/run.sh where the GPU is"
-        )
-    })?;
-    for d in &devices {
-        eprintln!(
-            "GPU {}: {} (sm_{}{}, {} SMs)",
-            d.ordinal, d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
-        );
-    }
+/// The ignored (GPU) tests through the bundle's run.sh (each test its own process; SKIP counted
+/// apart from PASS); with `require_gpus`, the machine must have that many GPUs and the tests are
+/// told so (`cuda_rt::testing::REQUIRE_GPUS_ENV`), so none of them can pass by skipping.
+fn test_gpu(root: &Path, filter: Option<&str>, require_gpus: Option<usize>) -> Result<()> {
+    let devices = gpus_here()?;
     if let Some(needed) = require_gpus
-        && devices.len() < needed
+        && devices < needed
     {
-        bail!(
-            "the multi-GPU tests need {needed} GPUs, this machine has {}",
-            devices.len()
-        );
+        bail!("the multi-GPU tests need {needed} GPUs, this machine has {devices}");
     }
     let mut env = toolchain::ensure(root)?;
     if let Some(needed) = require_gpus {
@@ -227,11 +234,28 @@ fn test_gpu(root: &Path, test_args: &[String], require_gpus: Option<usize>) -> R
             needed.to_string(),
         ));
     }
-    // One test at a time: the tests share the GPU(s) and some time themselves.
-    run(cargo(root)
-        .args(["test", "--workspace", "--", "--ignored", "--test-threads=1"])
-        .args(test_args)
+    let bundle = bundle::build(root)?;
+    run(Command::new(bundle.join("run.sh"))
+        .arg(filter.unwrap_or_default())
         .envs(env))
+}
+
+/// The GPUs of this machine, listed; an error that says where the GPU runs go when there is none.
+fn gpus_here() -> Result<usize> {
+    let devices = cuda_rt::Gpu::list().map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nthe GPU runs need a GPU: on a machine without one, build a bundle with \
+             `cargo xtask gpu-bundle` and run .gpu-bundle/run.sh (tests) or \
+             .gpu-bundle/sanitize.sh where the GPU is"
+        )
+    })?;
+    for d in &devices {
+        eprintln!(
+            "GPU {}: {} (sm_{}{}, {} SMs)",
+            d.ordinal, d.name, d.compute_capability.0, d.compute_capability.1, d.sm_count
+        );
+    }
+    Ok(devices.len())
 }
 
 /// The workspace root: xtask's manifest dir is `<root>/xtask`.

@@ -126,6 +126,20 @@ fn rank_1_never_arrives(world: &World, epoch: u32) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn grid_barrier_is_reusable_over_many_phases() {
+    grid_barrier_rounds_hold(ROUNDS);
+}
+
+/// The same check over a few phases: what `cargo xtask sanitize` runs (racecheck instruments every
+/// spin of the barrier and would take hours over 100 000).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grid_barrier_holds_over_a_few_phases() {
+    grid_barrier_rounds_hold(20);
+}
+
+/// `rounds` checked grid barriers on 1, 7 and every SM's block, launched twice without a reset,
+/// then the phase's wrap from 2^32 − 1 to 0.
+fn grid_barrier_rounds_hold(rounds: u32) {
     let gpu = gpu(0);
     let k = kernels(&gpu);
     let kernel = k.module().kernel("grid_barrier_rounds").unwrap();
@@ -159,7 +173,7 @@ fn grid_barrier_is_reusable_over_many_phases() {
     let sms = gpu.info().sm_count;
     let start = Instant::now();
     for blocks in [1, 7, sms] {
-        let (failures, word) = run(blocks, 0, ROUNDS);
+        let (failures, word) = run(blocks, 0, rounds);
         assert_eq!(
             failures,
             [0, u32::MAX],
@@ -168,12 +182,12 @@ fn grid_barrier_is_reusable_over_many_phases() {
         // Two launches without a reset: the phase counts on, the count is back to 0.
         assert_eq!(
             word,
-            u64::from(2 * ROUNDS) << 32,
+            u64::from(2 * rounds) << 32,
             "{blocks} blocks: {word:#x}"
         );
     }
     eprintln!(
-        "3 × 2 × {ROUNDS} grid barriers (1, 7, {sms} blocks) in {:.1?}",
+        "3 × 2 × {rounds} grid barriers (1, 7, {sms} blocks) in {:.1?}",
         start.elapsed()
     );
     // The phase wraps from 2^32 − 1 to 0.
@@ -313,8 +327,14 @@ fn two_processes_stay_in_step_and_time_out_cleanly() {
     if !two_gpus() {
         return;
     }
-    let outputs =
-        spawn_test_ranks(TEST, 2, Duration::from_secs(30), Duration::from_secs(120)).unwrap();
+    let outputs = spawn_test_ranks(
+        TEST,
+        2,
+        1,
+        Duration::from_secs(30),
+        Duration::from_secs(120),
+    )
+    .unwrap();
     for output in &outputs {
         eprint!("{output}");
         assert!(output.passed_its_test(), "{output}");

@@ -19,7 +19,7 @@ use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
 
-use crate::cuda::{CudaError, CudaRank, StageTimes, agree_max, run_local};
+use crate::cuda::{CudaError, CudaRank, Placement, StageTimes, agree_max, run_local};
 use crate::generate::{self, GenOptions};
 use crate::{Config, RankInputs, RankWeights, Recipe};
 
@@ -27,6 +27,8 @@ use crate::{Config, RankInputs, RankWeights, Recipe};
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     pub config: Config,
+    /// Which GPU each rank drives (local world: the threads; process world: the launch).
+    pub placement: Placement,
     pub tokens: Vec<usize>,
     /// (recipe, the GEMMs' tensor-core routes) pairs.
     pub routes: Vec<(Recipe, Routes)>,
@@ -90,7 +92,7 @@ pub fn run(
         let mut inputs: Vec<Vec<RankInputs>> =
             (0..ranks).map(|r| point_inputs(opts, config, r)).collect();
         // Every rank times every point; rank 0's times are reported (ranks meet at barriers).
-        let mut times = run_local(ranks, |world| {
+        let mut times = run_local(opts.placement, |world| {
             let me = world.rank();
             time_points(world, config, routes, opts, &weights[me], &inputs[me])
         })?;

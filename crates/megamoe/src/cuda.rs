@@ -44,12 +44,63 @@ pub const PROCESS_DEADLINE: Duration = Duration::from_secs(3600);
 /// Stage marks of one forward: around dispatch, the GEMM stages and combine send, combine reduce.
 const FORWARD_MARKS: usize = 9;
 
+/// Which local GPU each rank of a world drives: `ranks_per_gpu` consecutive ranks share one, on
+/// GPUs 0, 1, …. Ranks that share a GPU run the same cross-rank protocol through device memory
+/// instead of NVLink, so R ranks can be tested on fewer GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub ranks: usize,
+    pub ranks_per_gpu: usize,
+}
+
+impl Placement {
+    /// One GPU per rank, the serving layout.
+    pub fn one_gpu_per_rank(ranks: usize) -> Self {
+        Self {
+            ranks,
+            ranks_per_gpu: 1,
+        }
+    }
+
+    /// Every rank on GPU 0.
+    pub fn one_gpu(ranks: usize) -> Self {
+        Self {
+            ranks,
+            ranks_per_gpu: ranks.max(1),
+        }
+    }
+
+    /// The GPU ordinal of each rank.
+    pub fn ordinals(&self) -> Vec<usize> {
+        (0..self.ranks).map(|r| r / self.ranks_per_gpu).collect()
+    }
+
+    /// Refuses a placement this machine cannot run ([`CudaError::Placement`]).
+    fn check(&self) -> Result<(), CudaError> {
+        let found = Gpu::count()?;
+        if self.ranks == 0
+            || self.ranks_per_gpu == 0
+            || found < self.ranks.div_ceil(self.ranks_per_gpu)
+        {
+            return Err(CudaError::Placement {
+                placement: *self,
+                found,
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
     #[error(
-        "the problem has {need} rank(s) but only {found} GPU(s) are present; the cuda backend runs one rank per local GPU"
+        "{} rank(s) at {} per GPU need {} GPU(s), but {found} are present (more ranks per GPU run \
+         on fewer GPUs)",
+        placement.ranks,
+        placement.ranks_per_gpu,
+        placement.ranks.div_ceil(placement.ranks_per_gpu.max(1))
     )]
-    NotEnoughGpus { need: usize, found: usize },
+    Placement { placement: Placement, found: usize },
     #[error(transparent)]
     Cuda(#[from] cuda_rt::Error),
     #[error(transparent)]
@@ -546,18 +597,14 @@ fn on_rank<T>(
     })
 }
 
-/// Runs `f` on every rank of a local world over GPUs `0..ranks`, one thread each; results by rank.
-/// Refused with [`CudaError::NotEnoughGpus`] when fewer GPUs are present.
+/// Runs `f` on every rank of a local world placed as `placement` says, one thread each; results
+/// by rank. Refused with [`CudaError::Placement`] when fewer GPUs are present.
 pub fn run_local<T: Send>(
-    ranks: usize,
+    placement: Placement,
     f: impl Fn(&World) -> Result<T, CudaError> + Sync,
 ) -> Result<Vec<T>, CudaError> {
-    let found = Gpu::count()?;
-    if found < ranks {
-        return Err(CudaError::NotEnoughGpus { need: ranks, found });
-    }
-    let ordinals: Vec<usize> = (0..ranks).collect();
-    let worlds = World::local(&ordinals)?;
+    placement.check()?;
+    let worlds = World::local(&placement.ordinals())?;
     let results: Vec<Result<T, CudaError>> = std::thread::scope(|s| {
         let handles: Vec<_> = worlds
             .into_iter()
@@ -589,27 +636,31 @@ pub fn run_process<T>(f: impl FnOnce(&World) -> Result<T, CudaError>) -> Result<
     on_rank(&world, f)
 }
 
-/// Runs `program` with `args` once per rank of a `ranks`-rank process world on GPUs `0..ranks`
+/// Runs `program` with `args` once per rank of a process world placed as `placement` says
 /// (`symm_mem::spawn_ranks`: torchrun's variables set, collectives timing out after
 /// [`ProcessEnv::DEFAULT_TIMEOUT`], killed after [`PROCESS_DEADLINE`]) and waits for all of them;
 /// each is expected to act as its rank ([`run_process`]). Returns every rank's output, or
 /// [`CudaError::RankProcesses`] with the output of each rank that failed. Refused with
-/// [`CudaError::NotEnoughGpus`] when fewer GPUs are present.
+/// [`CudaError::Placement`] when fewer GPUs are present.
 pub fn spawn_rank_processes(
-    ranks: usize,
+    placement: Placement,
     program: &Path,
     args: &[OsString],
 ) -> Result<Vec<RankOutput>, CudaError> {
-    let found = Gpu::count()?;
-    if found < ranks {
-        return Err(CudaError::NotEnoughGpus { need: ranks, found });
-    }
+    placement.check()?;
+    let ranks = placement.ranks;
     tracing::info!(ranks, program = %program.display(), "launching one process per rank");
-    let outputs = spawn_ranks(ranks, ProcessEnv::DEFAULT_TIMEOUT, PROCESS_DEADLINE, |_| {
-        let mut cmd = Command::new(program);
-        cmd.args(args);
-        cmd
-    })?;
+    let outputs = spawn_ranks(
+        ranks,
+        placement.ranks_per_gpu,
+        ProcessEnv::DEFAULT_TIMEOUT,
+        PROCESS_DEADLINE,
+        |_| {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            cmd
+        },
+    )?;
     let (done, failed): (Vec<_>, Vec<_>) = outputs.into_iter().partition(RankOutput::success);
     if failed.is_empty() {
         Ok(done)
@@ -621,22 +672,24 @@ pub fn spawn_rank_processes(
 /// The whole problem on `problem.config.num_ranks` local GPUs, GEMMs through `routes`: y of every
 /// rank.
 pub fn forward(problem: &Problem, routes: impl Into<Routes>) -> Result<Vec<Vec<bf16>>, CudaError> {
-    Ok(forward_timed(problem, routes)?
+    let placement = Placement::one_gpu_per_rank(problem.config.num_ranks);
+    Ok(forward_timed(problem, routes, placement)?
         .into_iter()
         .map(|(y, _)| y)
         .collect())
 }
 
-/// [`forward`] with each rank's stage times.
+/// [`forward`] with each rank's stage times, the ranks placed on the GPUs as `placement` says.
 pub fn forward_timed(
     problem: &Problem,
     routes: impl Into<Routes>,
+    placement: Placement,
 ) -> Result<Vec<(Vec<bf16>, StageTimes)>, CudaError> {
     let routes = routes.into();
     problem.validate()?;
     let config = &problem.config;
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
-    run_local(config.num_ranks, |world| {
+    run_local(placement, |world| {
         let r = world.rank();
         let mut rank = CudaRank::new(world, config, max_tokens, routes, &problem.weights[r])?;
         rank.forward(&problem.inputs[r])
@@ -661,10 +714,19 @@ mod tests {
             mask_fraction: 0.0,
         });
         let err = forward(&problem, Routes::EXACT).expect_err("no machine here has 64 GPUs");
-        // No GPU: a driver error; fewer than 64: NotEnoughGpus.
-        assert!(!err.to_string().is_empty());
-        if let CudaError::NotEnoughGpus { need, .. } = err {
-            assert_eq!(need, 64);
+        // No GPU: a driver error; fewer than 64: the placement, named.
+        let text = err.to_string();
+        match err {
+            CudaError::Placement { placement, found } => {
+                assert_eq!(placement, Placement::one_gpu_per_rank(64));
+                assert!(found < 64);
+                assert!(
+                    text.contains("64 rank(s) at 1 per GPU need 64 GPU(s)"),
+                    "{text}"
+                );
+            }
+            CudaError::Cuda(e) => assert!(!e.to_string().is_empty()),
+            other => panic!("neither a placement nor a driver error: {other}"),
         }
     }
 

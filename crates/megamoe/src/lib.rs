@@ -6,15 +6,16 @@
 //! the comparison metrics ([`check`]). The `megamoe` CLI drives them.
 //!
 //! From a Rust application, a rank per local GPU (threads; [`cuda::run_process`] does the same
-//! as one process of a torchrun-style world):
+//! as one process of a torchrun-style world; [`cuda::Placement::one_gpu`] puts every rank on one
+//! GPU, for tests of the cross-rank protocol):
 //!
 //! ```no_run
-//! use megamoe::cuda::{CudaRank, run_local};
+//! use megamoe::cuda::{CudaRank, Placement, run_local};
 //! use megamoe::{Config, Mma, RankInputs, RankWeights};
 //! # fn my_weights(rank: usize) -> RankWeights { unimplemented!() }
 //! # fn my_tokens(rank: usize) -> RankInputs { unimplemented!() }
 //! let config = Config::deepseek_v4_pro().with_ranks(2);
-//! let ys = run_local(config.num_ranks, |world| {
+//! let ys = run_local(Placement::one_gpu_per_rank(config.num_ranks), |world| {
 //!     let r = world.rank();
 //!     // Weights are transformed and uploaded once; pools sized for 8192 tokens per rank.
 //!     let mut rank = CudaRank::new(world, &config, 8192, Mma::Bf16, &my_weights(r))?;

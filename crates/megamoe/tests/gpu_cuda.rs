@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use fp_formats::bf16;
 use megamoe::check::calc_diff;
-use megamoe::cuda::{CudaError, CudaRank, run_local};
+use megamoe::cuda::{CudaError, CudaRank, Placement, run_local};
 use megamoe::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, Recipe, reference};
 use megamoe_kernel::{Mma, Routes};
@@ -247,13 +247,25 @@ fn sweep_rank(
     Ok((ys, rank.symmetric_buffer().is_vmm()))
 }
 
-/// Builds one pipeline per rank for `problem` (T_max = its largest T) and runs, on the same
-/// pipelines, a forward of the first `t` tokens of every rank for each `t` in `token_counts`
-/// (clamped to each rank's T), checking each against the reference.
+/// Builds one pipeline per rank for `problem` (T_max = its largest T), a GPU per rank, and runs,
+/// on the same pipelines, a forward of the first `t` tokens of every rank for each `t` in
+/// `token_counts` (clamped to each rank's T), checking each against the reference.
 fn run_sweep(what: &str, problem: &Problem, routes: Routes, token_counts: &[usize]) {
+    let placement = Placement::one_gpu_per_rank(problem.config.num_ranks);
+    run_sweep_placed(what, problem, routes, token_counts, placement);
+}
+
+/// [`run_sweep`] with the ranks placed on the GPUs as `placement` says.
+fn run_sweep_placed(
+    what: &str,
+    problem: &Problem,
+    routes: Routes,
+    token_counts: &[usize],
+    placement: Placement,
+) {
     let config = &problem.config;
     let cases = cases(problem, token_counts);
-    let got = run_local(config.num_ranks, |world| {
+    let got = run_local(placement, |world| {
         sweep_rank(what, world, problem, routes, &cases)
     })
     .unwrap_or_else(|e| panic!("{what}: the cuda backend failed: {e:?}"));
@@ -274,13 +286,13 @@ fn run_sweep(what: &str, problem: &Problem, routes: Routes, token_counts: &[usiz
 }
 
 /// A sweep of the process world: `problems` are (name, problem, route); the problems have
-/// `ranks` ranks. The launcher (this test, unless it is a rank) needs `ranks` GPUs (or prints
-/// `SKIP`) and launches the test binary once per rank; each rank makes every problem (the same on
+/// `placement.ranks` ranks. The launcher (this test, unless it is a rank) needs the placement's
+/// GPUs (or prints `SKIP`) and launches the test binary once per rank; each rank makes every problem (the same on
 /// every rank: the generator is seeded), runs its part of each sweep on one process world, then
 /// checks its own y against the reference.
 fn run_sweep_processes(
     test: &str,
-    ranks: usize,
+    placement: Placement,
     token_counts: &[usize],
     problems: impl Fn() -> Vec<(String, Problem, Routes)>,
 ) {
@@ -315,12 +327,13 @@ fn run_sweep_processes(
         }
         return;
     }
-    if !cuda_rt::testing::gpus_or_skip(ranks) {
+    if !cuda_rt::testing::gpus_or_skip(placement.ranks.div_ceil(placement.ranks_per_gpu)) {
         return;
     }
     let outputs = spawn_test_ranks(
         test,
-        ranks,
+        placement.ranks,
+        placement.ranks_per_gpu,
         Duration::from_secs(120),
         Duration::from_secs(900),
     )
@@ -344,7 +357,7 @@ fn run_sampled(what: &str, problem: &Problem, routes: Routes, t: usize, stride: 
         .iter()
         .map(|x| truncate(x, config, t.min(x.tokens)))
         .collect();
-    let got = run_local(config.num_ranks, |world| {
+    let got = run_local(Placement::one_gpu_per_rank(config.num_ranks), |world| {
         let r = world.rank();
         let mut rank = CudaRank::new(world, config, t, routes, &problem.weights[r])?;
         rank.poison()?;
@@ -539,23 +552,28 @@ fn every_gpu_ep_world_processes() {
     } else {
         2
     };
-    run_sweep_processes(TEST, ranks, &[128, 7, 1], || {
-        ROUTES
-            .into_iter()
-            .map(|(recipe, routes)| {
-                let config = v4_flash_shape(8 * ranks)
-                    .with_recipe(recipe)
-                    .with_ranks(ranks);
-                let mut p = problem(config, 128, 52, 0.1);
-                skew(&mut p);
-                (
-                    format!("v4-flash shape {recipe}/{routes} EP{ranks} processes"),
-                    p,
-                    routes,
-                )
-            })
-            .collect()
-    });
+    run_sweep_processes(
+        TEST,
+        Placement::one_gpu_per_rank(ranks),
+        &[128, 7, 1],
+        || {
+            ROUTES
+                .into_iter()
+                .map(|(recipe, routes)| {
+                    let config = v4_flash_shape(8 * ranks)
+                        .with_recipe(recipe)
+                        .with_ranks(ranks);
+                    let mut p = problem(config, 128, 52, 0.1);
+                    skew(&mut p);
+                    (
+                        format!("v4-flash shape {recipe}/{routes} EP{ranks} processes"),
+                        p,
+                        routes,
+                    )
+                })
+                .collect()
+        },
+    );
 }
 
 #[test]
@@ -632,27 +650,34 @@ fn v4_pro_shape_two_gpus() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tiny_two_processes_every_route() {
-    run_sweep_processes("tiny_two_processes_every_route", 2, &[128, 7, 1, 0], || {
-        ROUTES
-            .into_iter()
-            .map(|(recipe, routes)| {
-                let config = Config::tiny().with_recipe(recipe).with_ranks(2);
-                let mut p = problem(config, 128, 41, 0.25);
-                skew(&mut p);
-                (
-                    format!("tiny skewed {recipe}/{routes} R=2 processes"),
-                    p,
-                    routes,
-                )
-            })
-            .collect()
-    });
+    let placement = Placement::one_gpu_per_rank(2);
+    run_sweep_processes(
+        "tiny_two_processes_every_route",
+        placement,
+        &[128, 7, 1, 0],
+        || {
+            ROUTES
+                .into_iter()
+                .map(|(recipe, routes)| {
+                    let config = Config::tiny().with_recipe(recipe).with_ranks(2);
+                    let mut p = problem(config, 128, 41, 0.25);
+                    skew(&mut p);
+                    (
+                        format!("tiny skewed {recipe}/{routes} R=2 processes"),
+                        p,
+                        routes,
+                    )
+                })
+                .collect()
+        },
+    );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn v4_flash_shape_two_processes() {
-    run_sweep_processes("v4_flash_shape_two_processes", 2, &[7, 1], || {
+    let placement = Placement::one_gpu_per_rank(2);
+    run_sweep_processes("v4_flash_shape_two_processes", placement, &[7, 1], || {
         ROUTES
             .into_iter()
             .map(|(recipe, routes)| {
@@ -762,7 +787,7 @@ fn cli_process_world_matches_the_cpu_backend() {
 fn capacity_overflow_and_token_overflow_are_refused() {
     let config = Config::tiny().with_recipe(Recipe::G128);
     let p = problem(config, 32, 31, 0.0);
-    let errs = run_local(1, |world| {
+    let errs = run_local(Placement::one_gpu_per_rank(1), |world| {
         let mut shape = megamoe::cuda::pipeline_shape(&p.config, 32, Mma::Fp8)?;
         shape.pool_rows = 16; // 64 routed pairs cannot fit
         let mut rank = CudaRank::with_shape(world, &p.config, shape, &p.weights[0])?;
@@ -778,4 +803,174 @@ fn capacity_overflow_and_token_overflow_are_refused() {
     eprintln!("capacity: {capacity}\ntokens: {tokens}");
     assert!(capacity.contains("pool capacity"), "{capacity}");
     assert!(tokens.contains("32 tokens"), "{tokens}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ranks_sharing_one_gpu_every_route() {
+    // The whole cross-rank protocol (peer dispatch, combine writes, device barriers) among R ranks
+    // on GPU 0, each rank its own thread, stream and symmetric buffer: R = 2 with a token sweep,
+    // R = 4 with skewed routing, R = 8 (one expert each) with a rank without tokens.
+    for (recipe, routes) in ROUTES {
+        let config = Config::tiny().with_recipe(recipe);
+        let p = problem(config.with_ranks(2), 128, 71, 0.25);
+        let what = format!("tiny {recipe}/{routes} R=2 on one GPU");
+        run_sweep_placed(&what, &p, routes, &[128, 7, 1, 0], Placement::one_gpu(2));
+        let mut p = problem(config.with_ranks(4).with_clamp(Some(1.0)), 96, 72, 0.1);
+        skew(&mut p);
+        let what = format!("tiny skewed {recipe}/{routes} R=4 on one GPU");
+        run_sweep_placed(&what, &p, routes, &[96, 7], Placement::one_gpu(4));
+        let mut p = problem(config.with_ranks(8), 64, 73, 0.1);
+        p.inputs[5] = truncate(&p.inputs[5], &config, 0);
+        let what = format!("tiny rank 5 empty {recipe}/{routes} R=8 on one GPU");
+        run_sweep_placed(&what, &p, routes, &[64, 1], Placement::one_gpu(8));
+    }
+    // Four ranks of V4-Flash's per-rank shape (4 experts each) on one GPU.
+    for (recipe, routes) in ROUTES {
+        let p = problem(
+            v4_flash_shape(16).with_recipe(recipe).with_ranks(4),
+            128,
+            74,
+            0.1,
+        );
+        let what = format!("v4-flash shape {recipe}/{routes} R=4 on one GPU");
+        run_sweep_placed(&what, &p, routes, &[128, 1], Placement::one_gpu(4));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn two_processes_sharing_one_gpu_every_route() {
+    // The process world (VMM memory passed as file descriptors) with both rank processes on GPU 0.
+    let placement = Placement::one_gpu(2);
+    run_sweep_processes(
+        "two_processes_sharing_one_gpu_every_route",
+        placement,
+        &[64, 7, 0],
+        || {
+            ROUTES
+                .into_iter()
+                .map(|(recipe, routes)| {
+                    let config = Config::tiny().with_recipe(recipe).with_ranks(2);
+                    let mut p = problem(config, 64, 75, 0.1);
+                    skew(&mut p);
+                    (
+                        format!("tiny skewed {recipe}/{routes} R=2 processes on one GPU"),
+                        p,
+                        routes,
+                    )
+                })
+                .collect()
+        },
+    );
+}
+
+/// How long a rank's collectives (host) wait in the kill test; the device barrier's own timeout is
+/// the pipeline's default.
+const KILL_TEST_COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on() {
+    // Two rank processes on GPU 0 run forwards back to back; rank 1 SIGKILLs itself at a moment
+    // that varies from run to run, in the middle of its forwards, while rank 0 has its VMM memory
+    // mapped. Rank 0 must get an error (the host rendezvous or the device barrier, whichever the
+    // kill meets) within its timeouts, never hang; then, on the same GPU, a new world of rank 0
+    // alone runs a forward that matches the reference.
+    const TEST: &str = "a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on";
+    if is_test_rank(TEST) {
+        let env = symm_mem::ProcessEnv::from_env().expect("a rank's variables");
+        let config = Config::tiny().with_ranks(2);
+        let p = problem(config, 64, 81, 0.1);
+        let world = World::from_process_env(&env).expect("the two-rank world");
+        let r = world.rank();
+        let mut rank = CudaRank::new(&world, &config, 64, Routes::EXACT, &p.weights[r])
+            .expect("a pipeline per rank");
+        rank.set_stage_marks(false);
+        rank.forward(&p.inputs[r])
+            .expect("a first forward of both ranks");
+        if r == 1 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let delay = Duration::from_millis(100 + u64::from(nanos % 400));
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                let pid = std::process::id().to_string();
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            });
+            loop {
+                rank.forward(&p.inputs[r])
+                    .expect("rank 1 runs until it is killed");
+            }
+        }
+        let start = std::time::Instant::now();
+        let mut forwards = 0;
+        let err = loop {
+            let began = std::time::Instant::now();
+            match rank.forward(&p.inputs[r]) {
+                Ok(_) => forwards += 1,
+                Err(e) => break (e, began.elapsed()),
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "rank 0 still runs forwards 60 s after rank 1 began to die"
+            );
+        };
+        let (err, waited) = err;
+        eprintln!(
+            "rank 0: {forwards} forwards after the first, then in {:.2} s: {err}",
+            waited.as_secs_f64()
+        );
+        assert!(
+            waited < 3 * KILL_TEST_COLLECTIVE_TIMEOUT,
+            "the failing forward took {waited:?}"
+        );
+        drop(rank);
+        drop(world);
+        // The survivors' world: rank 0 alone, on the same GPU, with all the experts.
+        let survivor_env = symm_mem::ProcessEnv {
+            rank: 0,
+            world_size: 1,
+            master_port: env.master_port.wrapping_add(1),
+            ..env
+        };
+        let world = World::from_process_env(&survivor_env).expect("a world of the survivor");
+        let config = Config::tiny();
+        let p = problem(config, 64, 82, 0.1);
+        let mut rank = CudaRank::new(&world, &config, 64, Routes::EXACT, &p.weights[0])
+            .expect("a pipeline on the GPU the dead rank shared");
+        rank.poison().expect("poisoned outputs");
+        let (y, _) = rank.forward(&p.inputs[0]).expect("the survivor's forward");
+        let want = reference::forward(&config, &p.weights, &p.inputs).expect("reference");
+        compare_rank(
+            "the survivor's world",
+            &config,
+            0,
+            &p.inputs[0],
+            &y,
+            &want[0],
+            TOL,
+        );
+        return;
+    }
+    let outputs = spawn_test_ranks(
+        TEST,
+        2,
+        2,
+        KILL_TEST_COLLECTIVE_TIMEOUT,
+        Duration::from_secs(240),
+    )
+    .expect("launch the ranks");
+    for output in &outputs {
+        eprint!("{output}");
+    }
+    assert!(outputs[0].passed_its_test(), "{}", outputs[0]);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        outputs[1].status.and_then(|s| s.signal()),
+        Some(9),
+        "rank 1 ends by SIGKILL: {}",
+        outputs[1]
+    );
 }

@@ -59,6 +59,12 @@ fn process_env_reads_torchrun_variables() {
     no_local.push(("MASTER_ADDR", "node/0:x"));
     let env = ProcessEnv::from_lookup(vars(&no_local)).unwrap();
     assert_eq!(env.local_rank, 1, "LOCAL_RANK defaults to RANK");
+    assert_eq!(env.gpu, 1, "the GPU defaults to LOCAL_RANK");
+    let mut shared = TORCHRUN.to_vec();
+    shared.push(("MEGAMOE_GPU", "0"));
+    let env = ProcessEnv::from_lookup(vars(&shared)).unwrap();
+    assert_eq!((env.local_rank, env.gpu), (1, 0), "ranks may share a GPU");
+    let env = ProcessEnv::from_lookup(vars(&no_local)).unwrap();
     assert_eq!(env.timeout, Duration::from_millis(2500));
     assert!(
         env.socket_path()
@@ -218,7 +224,7 @@ fn rendezvous_relays_fds_between_processes() {
         return;
     }
     let outputs =
-        spawn_test_ranks(TEST, 3, Duration::from_secs(20), Duration::from_secs(60)).unwrap();
+        spawn_test_ranks(TEST, 3, 1, Duration::from_secs(20), Duration::from_secs(60)).unwrap();
     for output in &outputs {
         assert!(output.passed_its_test(), "{output}");
     }
@@ -325,11 +331,13 @@ fn ranks_of_different_world_sizes_are_refused() {
 
 #[test]
 fn spawn_ranks_sets_the_variables_and_kills_stragglers() {
-    let outputs = spawn_ranks(3, Duration::from_secs(7), Duration::from_secs(20), |rank| {
+    // Two ranks per GPU: ranks 0 and 1 on GPU 0, rank 2 on GPU 1.
+    let outputs = spawn_ranks(3, 2, Duration::from_secs(7), Duration::from_secs(20), |rank| {
         let mut cmd = Command::new("sh");
         cmd.args([
             "-c",
-            "echo $RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MEGAMOE_WORLD_TIMEOUT_S; echo err >&2",
+            "echo $RANK $WORLD_SIZE $LOCAL_RANK $MEGAMOE_GPU $MASTER_ADDR $MEGAMOE_WORLD_TIMEOUT_S; \
+             echo err >&2",
         ]);
         cmd.env("UNUSED", rank.to_string());
         cmd
@@ -337,12 +345,16 @@ fn spawn_ranks_sets_the_variables_and_kills_stragglers() {
     .unwrap();
     for (rank, output) in outputs.iter().enumerate() {
         assert!(output.success(), "{output}");
-        assert_eq!(output.stdout, format!("{rank} 3 {rank} 127.0.0.1 7\n"));
+        assert_eq!(
+            output.stdout,
+            format!("{rank} 3 {rank} {} 127.0.0.1 7\n", rank / 2)
+        );
         assert_eq!(output.stderr, "err\n");
     }
     let start = Instant::now();
     let outputs = spawn_ranks(
         2,
+        1,
         Duration::from_secs(1),
         Duration::from_millis(300),
         |rank| {
@@ -508,8 +520,14 @@ fn process_world_ranks_see_each_others_writes() {
     if !cuda_rt::testing::gpus_or_skip(2) {
         return;
     }
-    let outputs =
-        spawn_test_ranks(TEST, 2, Duration::from_secs(30), Duration::from_secs(120)).unwrap();
+    let outputs = spawn_test_ranks(
+        TEST,
+        2,
+        1,
+        Duration::from_secs(30),
+        Duration::from_secs(120),
+    )
+    .unwrap();
     for output in &outputs {
         eprint!("{output}");
         assert!(output.passed_its_test(), "{output}");

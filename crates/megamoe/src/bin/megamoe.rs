@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use megamoe::check::Comparison;
+use megamoe::cuda::Placement;
 use megamoe::dataflow::{self, EngineOptions};
 use megamoe::files::{self, Output};
 use megamoe::generate::{self, GenOptions};
@@ -46,6 +47,9 @@ enum Command {
         /// cuda: the ranks as threads of this process, or one process per rank.
         #[arg(long, value_enum, default_value_t = WorldKind::Local)]
         world: WorldKind,
+        /// cuda: consecutive ranks that share one GPU (the cross-rank protocol on fewer GPUs).
+        #[arg(long, default_value_t = 1)]
+        ranks_per_gpu: usize,
         /// cuda: the GEMMs' tensor-core routes. `bf16` is exact for both recipes; `fp8` (g128 only)
         /// is faster but accumulates with Hopper's FP8 tensor core (calc_diff ≈ 1–3e-5 on V4
         /// shapes); `bf16-fp8` (g128 only) keeps the L1 exact and runs the L2 through FP8.
@@ -111,6 +115,9 @@ struct BenchArgs {
     /// The ranks as threads of this process, or one process per rank (rank 0 reports its times).
     #[arg(long, value_enum, default_value_t = WorldKind::Local)]
     world: WorldKind,
+    /// Consecutive ranks that share one GPU (their times then share it too).
+    #[arg(long, default_value_t = 1)]
+    ranks_per_gpu: usize,
 }
 
 #[derive(clap::Args)]
@@ -202,11 +209,12 @@ fn main() -> anyhow::Result<()> {
             dir,
             backend,
             world,
+            ranks_per_gpu,
             mma,
             workers,
             dispatch_threads,
         } => match (backend, world) {
-            (Backend::Cuda, world) => run_cuda(&dir, world, mma),
+            (Backend::Cuda, world) => run_cuda(&dir, world, ranks_per_gpu, mma),
             (_, WorldKind::Process) => {
                 bail!("--world process is for the cuda backend (--backend cuda)")
             }
@@ -388,7 +396,12 @@ fn run_dataflow(dir: &Path, options: EngineOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cuda(dir: &Path, world: WorldKind, routes: Routes) -> anyhow::Result<()> {
+fn run_cuda(
+    dir: &Path,
+    world: WorldKind,
+    ranks_per_gpu: usize,
+    routes: Routes,
+) -> anyhow::Result<()> {
     let start = Instant::now();
     // Refused before any GPU work, on any machine.
     let config = files::read_config(dir)?;
@@ -409,7 +422,7 @@ fn run_cuda(dir: &Path, world: WorldKind, routes: Routes) -> anyhow::Result<()> 
             return Ok(());
         }
         files::check_rank_files(dir, &config)?;
-        launch_ranks(config.num_ranks)?;
+        launch_ranks(placement(config.num_ranks, ranks_per_gpu))?;
         println!(
             "cuda: {} rank process(es), unfused pipeline, {routes} tensor-core route, total {:.3}s (JIT, weight transform and upload included)",
             config.num_ranks,
@@ -420,7 +433,8 @@ fn run_cuda(dir: &Path, world: WorldKind, routes: Routes) -> anyhow::Result<()> 
     let problem = files::read_problem(dir)?;
     let (config, inputs) = (&problem.config, &problem.inputs);
     let t = Instant::now();
-    let run = megamoe::cuda::forward_timed(&problem, routes)?;
+    let run =
+        megamoe::cuda::forward_timed(&problem, routes, placement(config.num_ranks, ranks_per_gpu))?;
     let compute = t.elapsed();
     let pairs = routed_pairs(inputs);
     let stages: Vec<String> = run
@@ -445,12 +459,19 @@ fn run_cuda(dir: &Path, world: WorldKind, routes: Routes) -> anyhow::Result<()> 
     Ok(())
 }
 
+fn placement(ranks: usize, ranks_per_gpu: usize) -> Placement {
+    Placement {
+        ranks,
+        ranks_per_gpu,
+    }
+}
+
 /// `--world process` without torchrun's variables: runs this command once per rank (each finds
 /// them set and is its rank), then prints their logs and output in rank order.
-fn launch_ranks(ranks: usize) -> anyhow::Result<()> {
+fn launch_ranks(placement: Placement) -> anyhow::Result<()> {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let exe = std::env::current_exe().context("cannot find this executable to launch the ranks")?;
-    for output in megamoe::cuda::spawn_rank_processes(ranks, &exe, &args)? {
+    for output in megamoe::cuda::spawn_rank_processes(placement, &exe, &args)? {
         eprint!("{}", output.stderr);
         print!("{}", output.stdout);
     }
@@ -555,11 +576,13 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         config.num_experts = experts;
     }
     config.validate()?;
+    let placement = placement(config.num_ranks, args.ranks_per_gpu);
     if args.world == WorldKind::Process && !ProcessEnv::present() {
-        return launch_ranks(config.num_ranks);
+        return launch_ranks(placement);
     }
     let opts = megamoe::bench::BenchOptions {
         config,
+        placement,
         tokens: args.tokens.clone(),
         routes: args.routes.clone(),
         reps: args.reps.max(1),
@@ -581,9 +604,10 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let header = || {
         if !args.json {
             say(format!(
-                "{} on {} GPU(s){}: H {}, I {}, E {} ({} per rank), top-{}; median of {}{}{}",
+                "{} on {} rank(s), {} per GPU{}: H {}, I {}, E {} ({} per rank), top-{}; median of {}{}{}",
                 args.preset,
                 config.num_ranks,
+                args.ranks_per_gpu,
                 match args.world {
                     WorldKind::Local => "",
                     WorldKind::Process => ", a process each",

@@ -1,6 +1,7 @@
-//! [`ProcessEnv`]: who this process is in a one-process-per-GPU world, read from the variables
-//! torchrun sets (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`). Single host
-//! only: the ranks meet on a Unix socket whose path is derived from `MASTER_ADDR:MASTER_PORT`.
+//! [`ProcessEnv`]: who this process is in a world of one process per rank, read from the variables
+//! torchrun sets (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) and the GPU it
+//! drives ([`GPU_VAR`], default `LOCAL_RANK`: ranks may share a GPU). Single host only: the ranks
+//! meet on a Unix socket whose path is derived from `MASTER_ADDR:MASTER_PORT`.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -12,12 +13,18 @@ use crate::MAX_RANKS;
 /// Seconds a collective (and the initial rendezvous) waits for a missing rank; optional.
 pub const TIMEOUT_VAR: &str = "MEGAMOE_WORLD_TIMEOUT_S";
 
+/// The GPU ordinal this rank's process drives; optional (default `LOCAL_RANK`). Several ranks may
+/// name one GPU.
+pub const GPU_VAR: &str = "MEGAMOE_GPU";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessEnv {
     pub rank: usize,
     pub world_size: usize,
-    /// The GPU ordinal this process drives.
+    /// This process's index on the host (torchrun's `LOCAL_RANK`).
     pub local_rank: usize,
+    /// The GPU ordinal this process drives ([`GPU_VAR`], default `local_rank`).
+    pub gpu: usize,
     pub master_addr: String,
     pub master_port: u16,
     /// How long a collective waits for a missing rank before failing.
@@ -41,8 +48,8 @@ impl ProcessEnv {
     }
 
     /// From any variable source: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` are required;
-    /// `LOCAL_RANK` defaults to `RANK`; `LOCAL_WORLD_SIZE`, when set, must equal `WORLD_SIZE` (one
-    /// host); [`TIMEOUT_VAR`] defaults to [`Self::DEFAULT_TIMEOUT`].
+    /// `LOCAL_RANK` defaults to `RANK`, [`GPU_VAR`] to `LOCAL_RANK`; `LOCAL_WORLD_SIZE`, when set,
+    /// must equal `WORLD_SIZE` (one host); [`TIMEOUT_VAR`] defaults to [`Self::DEFAULT_TIMEOUT`].
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, WorldError> {
         let required = |var: &'static str| {
             get(var).ok_or(WorldError::Env {
@@ -81,6 +88,10 @@ impl ProcessEnv {
                 });
             }
         }
+        let gpu = match get(GPU_VAR) {
+            Some(v) => parse(GPU_VAR, &v)?,
+            None => local_rank,
+        };
         let master_addr = required("MASTER_ADDR")?;
         if master_addr.is_empty() {
             return Err(WorldError::Env {
@@ -106,6 +117,7 @@ impl ProcessEnv {
             rank,
             world_size,
             local_rank,
+            gpu,
             master_addr,
             master_port,
             timeout,
@@ -136,6 +148,7 @@ impl ProcessEnv {
             ("RANK", self.rank.to_string()),
             ("WORLD_SIZE", self.world_size.to_string()),
             ("LOCAL_RANK", self.local_rank.to_string()),
+            (GPU_VAR, self.gpu.to_string()),
             ("LOCAL_WORLD_SIZE", self.world_size.to_string()),
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", self.master_port.to_string()),

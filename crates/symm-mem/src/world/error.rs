@@ -17,7 +17,7 @@ pub enum WorldError {
     #[error("environment variable {var}: {reason}")]
     Env { var: &'static str, reason: String },
 
-    #[error("World::local needs 1..={max} distinct GPU ordinals, got {0:?}", max = crate::MAX_RANKS)]
+    #[error("World::local needs 1..={max} GPU ordinals (one per rank), got {0:?}", max = crate::MAX_RANKS)]
     BadOrdinals(Vec<usize>),
 
     #[error("rank {rank}: {what} ({}): {source}", path.display())]

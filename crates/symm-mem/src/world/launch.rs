@@ -61,15 +61,23 @@ fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
 }
 
 /// Runs `command(rank)` for every rank of a `world_size`-rank world on this host, with `RANK`,
-/// `WORLD_SIZE`, `LOCAL_RANK` (= rank), `MASTER_ADDR`/`MASTER_PORT` (a port picked for this call)
-/// and the collective timeout `collective_timeout` set; kills whatever still runs after
-/// `run_timeout`. Every process is waited for, so none outlives the call.
+/// `WORLD_SIZE`, `LOCAL_RANK` (= rank), the GPU (rank / `ranks_per_gpu`, [`super::GPU_VAR`]),
+/// `MASTER_ADDR`/`MASTER_PORT` (a port picked for this call) and the collective timeout
+/// `collective_timeout` set; kills whatever still runs after `run_timeout`. Every process is
+/// waited for, so none outlives the call.
 pub fn spawn_ranks(
     world_size: usize,
+    ranks_per_gpu: usize,
     collective_timeout: Duration,
     run_timeout: Duration,
     mut command: impl FnMut(usize) -> Command,
 ) -> Result<Vec<RankOutput>, WorldError> {
+    if ranks_per_gpu == 0 {
+        return Err(WorldError::Env {
+            var: super::GPU_VAR,
+            reason: "a world needs at least one rank per GPU".into(),
+        });
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -82,6 +90,7 @@ pub fn spawn_ranks(
             rank,
             world_size,
             local_rank: rank,
+            gpu: rank / ranks_per_gpu,
             master_addr: "127.0.0.1".into(),
             master_port,
             timeout: collective_timeout,
@@ -148,22 +157,29 @@ pub const TEST_RANK_VAR: &str = "SYMM_MEM_TEST_RANK_OF";
 pub fn spawn_test_ranks(
     test: &str,
     world_size: usize,
+    ranks_per_gpu: usize,
     collective_timeout: Duration,
     run_timeout: Duration,
 ) -> Result<Vec<RankOutput>, WorldError> {
     let exe = std::env::current_exe().map_err(|source| WorldError::Spawn { rank: 0, source })?;
-    spawn_ranks(world_size, collective_timeout, run_timeout, |_| {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            test,
-            "--exact",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(TEST_RANK_VAR, test);
-        cmd
-    })
+    spawn_ranks(
+        world_size,
+        ranks_per_gpu,
+        collective_timeout,
+        run_timeout,
+        |_| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                test,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(TEST_RANK_VAR, test);
+            cmd
+        },
+    )
 }
 
 /// Whether this process is a rank that [`spawn_test_ranks`] started for `test`.

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use cuda_rt::cudarc::driver::DevicePtr;
 use cuda_rt::{CudaSlice, Gpu, Mapping, SharedMemory};
 
-pub use env::{ProcessEnv, TIMEOUT_VAR};
+pub use env::{GPU_VAR, ProcessEnv, TIMEOUT_VAR};
 pub use error::WorldError;
 pub use launch::{RankOutput, TEST_RANK_VAR, is_test_rank, spawn_ranks, spawn_test_ranks};
 pub use rendezvous::{Contribution, MAX_FDS_PER_FRAME, MAX_PAYLOAD_BYTES, Rendezvous};
@@ -50,18 +50,26 @@ enum Backend {
 
 impl World {
     /// A single-process world over the GPUs `ordinals` (rank r drives `ordinals[r]`), with peer
-    /// access enabled between all of them. Returns one `World` per rank: move each to its own
-    /// thread, since collectives block until every rank has called them.
+    /// access enabled between every two of its GPUs. An ordinal may repeat: ranks that share a GPU
+    /// each get their own stream and symmetric buffer, and reach each other's buffers as plain
+    /// device memory, so a world of R ranks runs the whole cross-rank protocol on fewer GPUs.
+    /// Returns one `World` per rank: move each to its own thread, since collectives block until
+    /// every rank has called them.
     pub fn local(ordinals: &[usize]) -> Result<Vec<World>, WorldError> {
-        let distinct = ordinals.iter().collect::<HashSet<_>>().len() == ordinals.len();
-        if ordinals.is_empty() || ordinals.len() > MAX_RANKS || !distinct {
+        if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
             return Err(WorldError::BadOrdinals(ordinals.to_vec()));
         }
         let gpus = ordinals
             .iter()
             .map(|&ordinal| Gpu::open(ordinal))
             .collect::<Result<Vec<_>, _>>()?;
-        cuda_rt::enable_peer_access_all(&gpus)?;
+        let mut seen = HashSet::new();
+        let distinct: Vec<Gpu> = gpus
+            .iter()
+            .filter(|gpu| seen.insert(gpu.ordinal()))
+            .cloned()
+            .collect();
+        cuda_rt::enable_peer_access_all(&distinct)?;
         let num_ranks = gpus.len();
         let group = LocalGroup::new(num_ranks, ProcessEnv::DEFAULT_TIMEOUT);
         tracing::info!(?ordinals, "local world");
@@ -84,14 +92,14 @@ impl World {
     }
 
     /// Meets the other ranks first (a rank whose GPU then fails exits, which its peers see at
-    /// once), then opens GPU `env.local_rank`.
+    /// once), then opens GPU `env.gpu` (which other ranks' processes may share).
     pub fn from_process_env(env: &ProcessEnv) -> Result<World, WorldError> {
         let rendezvous = Rendezvous::connect(env)?;
-        let gpu = Gpu::open(env.local_rank)?;
+        let gpu = Gpu::open(env.gpu)?;
         tracing::info!(
             rank = env.rank,
             world_size = env.world_size,
-            gpu = env.local_rank,
+            gpu = env.gpu,
             "process world"
         );
         Ok(World {

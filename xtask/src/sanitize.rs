@@ -1,0 +1,225 @@
+//! `cargo xtask sanitize`: every kernel family run on tiny shapes under compute-sanitizer's four
+//! tools (memcheck, racecheck, synccheck, initcheck), one line per (tool, test), failing on any
+//! report. The runs are GPU tests of the bundle ([`ENTRIES`] names them), so the sanitizer sees the
+//! kernels exactly as the tests launch and check them; the bundle's `sanitize.sh` ([`script`]) is
+//! the one runner, used here and on a GPU machine without Rust.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Result, bail};
+
+/// compute-sanitizer's tools, in the order the runner reports them.
+pub const TOOLS: [&str; 4] = ["memcheck", "racecheck", "synccheck", "initcheck"];
+
+/// One sanitized run: a kernel family and the bundle test (`<suite>::<test>`) that launches it on
+/// tiny shapes. Each family's tests check their results, so a run fails on a wrong answer too.
+pub struct Entry {
+    pub family: &'static str,
+    pub test: &'static str,
+}
+
+const fn entry(family: &'static str, test: &'static str) -> Entry {
+    Entry { family, test }
+}
+
+/// Every kernel family the project registers, each through tests whose shapes are small enough
+/// for the slowest tool (racecheck) to finish in minutes. A new kernel gets its entry the day it
+/// lands.
+pub const ENTRIES: &[Entry] = &[
+    entry(
+        "fp-formats twins",
+        "fp-formats.gpu_twin::every_code_matches_the_host",
+    ),
+    entry(
+        "fp-formats twins",
+        "fp-formats.gpu_twin::quantizers_match_the_host",
+    ),
+    entry(
+        "fp-formats twins",
+        "fp-formats.gpu_twin::register_decode_matches_the_fold",
+    ),
+    entry(
+        "cuda-rt selftest",
+        "cuda-rt.gpu::saxpy_matches_the_host_and_writes_every_element",
+    ),
+    entry(
+        "cuda-rt selftest",
+        "cuda-rt.gpu::cooperative_launch_runs_all_blocks_at_once",
+    ),
+    entry(
+        "cuda-rt selftest",
+        "cuda-rt.gpu::cluster_launch_forms_clusters_of_two",
+    ),
+    entry(
+        "cuda-rt selftest",
+        "cuda-rt.gpu::dynamic_shared_memory_above_48_kib",
+    ),
+    entry(
+        "cuda-rt selftest",
+        "cuda-rt.gpu::tma_loads_tiles_and_zero_fills_past_the_edge",
+    ),
+    entry(
+        "barriers",
+        "barriers.gpu::grid_barrier_holds_over_a_few_phases",
+    ),
+    entry(
+        "barriers",
+        "barriers.gpu::the_device_encodes_timeouts_as_the_host_decodes",
+    ),
+    entry(
+        "barriers",
+        "barriers.gpu::a_missing_rank_times_out_instead_of_hanging_on_one_gpu",
+    ),
+    entry(
+        "moe-sched twin",
+        "moe-sched.device::device_twin_matches_the_model",
+    ),
+    entry(
+        "symm-mem view",
+        "symm-mem.device::device_view_maps_onto_every_rank",
+    ),
+    entry(
+        "gemm",
+        "megamoe-kernel.gpu_gemm::every_specialization_matches_the_reference",
+    ),
+    entry(
+        "gemm",
+        "megamoe-kernel.gpu_gemm::rows_too_wide_for_one_base_take_the_per_block_kernel",
+    ),
+    entry(
+        "gemm",
+        "megamoe-kernel.gpu_gemm::split_tails_match_the_reference",
+    ),
+    entry(
+        "gemm",
+        "megamoe-kernel.gpu_gemm::dynamic_schedule_matches_the_reference",
+    ),
+    entry(
+        "gemm",
+        "megamoe-kernel.gpu_gemm::narrow_tiles_match_the_reference",
+    ),
+    entry(
+        "unfused glue",
+        "megamoe-kernel.gpu_unfused::device_routes_match_their_host_twin",
+    ),
+    entry(
+        "unfused glue",
+        "megamoe-kernel.gpu_unfused::a_rank_that_never_arrives_times_out_into_an_error",
+    ),
+    entry(
+        "unfused pipeline",
+        "megamoe.gpu_cuda::tiny_one_gpu_token_sweep_every_route",
+    ),
+    entry(
+        "unfused pipeline",
+        "megamoe.gpu_cuda::tiny_one_gpu_clamp_skew_and_masked_tokens",
+    ),
+];
+
+/// Refuses a table that names a test the bundle does not hold (`bundled`: every `<suite>::<test>`
+/// of its GPU tests), so the list cannot go stale when a test is renamed.
+pub fn check_entries(bundled: &BTreeSet<String>) -> Result<()> {
+    let missing: Vec<&str> = ENTRIES
+        .iter()
+        .map(|e| e.test)
+        .filter(|t| !bundled.contains(*t))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "sanitize entries name tests the bundle does not hold: {}",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The bundle's `sanitize.sh`: [`ENTRIES`] × [`TOOLS`], run in parallel (the sanitizer's cost is
+/// mostly on the host), reported in table order.
+pub fn script() -> String {
+    let entries: String = ENTRIES
+        .iter()
+        .map(|e| format!("  \"{}|{}\"\n", e.family, e.test))
+        .collect();
+    SANITIZE_SH
+        .replace("@TOOLS@", &TOOLS.join(" "))
+        .replace("@ENTRIES@", &entries)
+}
+
+const SANITIZE_SH: &str = r#"#!/usr/bin/env bash
+# Runs every kernel family of this bundle (made by `cargo xtask gpu-bundle`) under compute-sanitizer's
+# tools, each run a GPU test on tiny shapes, and prints one line per (tool, test): CLEAN when the tool
+# ran, reported nothing and the test passed; otherwise FAIL with the tool's report. Exits non-zero on
+# any FAIL.
+#
+#   .gpu-bundle/sanitize.sh [TOOL_FILTER] [NAME_FILTER]    e.g. sanitize.sh racecheck gpu_gemm
+#
+# SANITIZE_JOBS (default 4) runs that many at once on the one GPU; SANITIZE_TIMEOUT (seconds, default
+# 900) bounds each run; SANITIZE_LOGS (default a fresh temporary folder) keeps every run's full log.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+tool_filter="${1:-}"
+name_filter="${2:-}"
+export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
+export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+sanitizer="$(command -v compute-sanitizer || echo "$CUDA_PATH/bin/compute-sanitizer")"
+[[ -x "$sanitizer" ]] || { echo "compute-sanitizer not found (PATH, \$CUDA_PATH/bin)"; exit 2; }
+export sanitizer here
+export timeout_s="${SANITIZE_TIMEOUT:-900}"
+export logs="${SANITIZE_LOGS:-$(mktemp -d)}"
+mkdir -p "$logs"
+tools=(@TOOLS@)
+entries=(
+@ENTRIES@)
+
+# One run: its log in $logs/<tool>.<suite>.<test>.log and "status seconds" in the same name + .status.
+run_one() {
+  local tool="$1" name="$2" suite="${2%%::*}" test="${2#*::}"
+  local log="$logs/$tool.$suite.$test.log" start=$SECONDS
+  timeout "$timeout_s" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 25 \
+    "$here/tests/$suite" --ignored --exact "$test" --test-threads=1 --nocapture >"$log" 2>&1
+  local status=$?
+  echo "$status $((SECONDS - start))" >"$log.status"
+  echo "  ran $tool $name: exit $status, $((SECONDS - start)) s"
+}
+export -f run_one
+
+runs=()
+for tool in "${tools[@]}"; do
+  [[ -n "$tool_filter" && "$tool" != *"$tool_filter"* ]] && continue
+  for e in "${entries[@]}"; do
+    name="${e#*|}"
+    [[ -n "$name_filter" && "$name" != *"$name_filter"* ]] && continue
+    runs+=("$tool|$e")
+  done
+done
+echo "compute-sanitizer: $("$sanitizer" --version | grep -m1 -o 'Version .*'); ${#runs[@]} runs, ${SANITIZE_JOBS:-4} at a time; logs in $logs"
+printf '%s\n' "${runs[@]}" | awk -F'|' '{ print $1; print $3 }' |
+  xargs -d '\n' -n 2 -P "${SANITIZE_JOBS:-4}" bash -c 'run_one "$1" "$2"' _
+
+clean=0 failed=0
+for r in "${runs[@]}"; do
+  IFS='|' read -r tool family name <<<"$r"
+  suite="${name%%::*}" test="${name#*::}"
+  log="$logs/$tool.$suite.$test.log"
+  read -r status secs <"$log.status"
+  # The tool's own summary with nothing in it: proof that it ran and found nothing.
+  if [[ "$tool" == racecheck ]]; then summary='RACECHECK SUMMARY: 0 hazards displayed'; else summary='ERROR SUMMARY: 0 errors'; fi
+  why=""
+  if (( status == 124 )); then why="timed out after ${timeout_s} s"
+  elif (( status == 86 )); then why="the tool reported errors"
+  elif (( status != 0 )); then why="the test failed (exit $status)"
+  elif ! grep -q "$summary" "$log"; then why="no clean summary from the tool"
+  fi
+  if [[ -z "$why" ]]; then
+    printf 'CLEAN %-9s %-16s %s (%d s)\n' "$tool" "$family" "$name" "$secs"
+    clean=$((clean + 1))
+  else
+    printf 'FAIL  %-9s %-16s %s (%d s): %s\n' "$tool" "$family" "$name" "$secs" "$why"
+    grep -E '^=========|panicked|SUMMARY' "$log" | head -40 | sed 's/^/    /'
+    failed=$((failed + 1))
+  fi
+done
+echo "$clean clean, $failed failed"
+(( failed == 0 ))
+"#;
