@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 /// Channel counts must be multiples of this (the coarsest block any recipe uses).
 pub const CHANNEL_ALIGN: usize = 128;
 
+/// The largest hidden size, intermediate size and expert count a config may have (a thousand
+/// times today's models): with each at most 2^20, every tensor's element count (at most
+/// E·2I·H = 2^61) and every per-pair multiply-add count fits in 64 bits, so shapes computed from a
+/// config never overflow.
+pub const MAX_DIM: usize = 1 << 20;
+
 /// One MoE layer split over `num_ranks` expert-parallel ranks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Config {
@@ -32,6 +38,8 @@ pub enum ConfigError {
     Hidden(usize),
     #[error("intermediate I = {0} is not a positive multiple of {CHANNEL_ALIGN}")]
     Intermediate(usize),
+    #[error("{key} = {value} exceeds the largest supported {MAX_DIM}")]
+    TooLarge { key: &'static str, value: usize },
     #[error("num_ranks must be at least 1")]
     NoRanks,
     #[error("num_experts E = {experts} is not a positive multiple of num_ranks R = {ranks}")]
@@ -150,6 +158,15 @@ impl Config {
 
     /// Checks every constraint of DESIGN §1 on the shape.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("hidden", self.hidden),
+            ("intermediate", self.intermediate),
+            ("num_experts", self.num_experts),
+        ] {
+            if value > MAX_DIM {
+                return Err(ConfigError::TooLarge { key, value });
+            }
+        }
         let aligned = |n: usize| n > 0 && n.is_multiple_of(CHANNEL_ALIGN);
         if !aligned(self.hidden) {
             return Err(ConfigError::Hidden(self.hidden));
@@ -278,6 +295,14 @@ mod tests {
     #[case::top_k_zero(Config { top_k: 0, ..Config::tiny() }, ConfigError::TopK { top_k: 0, experts: 8 })]
     #[case::top_k_big(Config { top_k: 9, ..Config::tiny() }, ConfigError::TopK { top_k: 9, experts: 8 })]
     #[case::clamp(Config::tiny().with_clamp(Some(-1.0)), ConfigError::Clamp(-1.0))]
+    #[case::huge_intermediate(
+        Config { intermediate: usize::MAX - 127, ..Config::tiny() },
+        ConfigError::TooLarge { key: "intermediate", value: usize::MAX - 127 }
+    )]
+    #[case::huge_experts(
+        Config { num_experts: MAX_DIM + 8, ..Config::tiny() },
+        ConfigError::TooLarge { key: "num_experts", value: MAX_DIM + 8 }
+    )]
     fn invalid_configs_name_the_problem(#[case] config: Config, #[case] expected: ConfigError) {
         assert_eq!(config.validate(), Err(expected.clone()));
         // The same problem is reported when it comes from config.json.

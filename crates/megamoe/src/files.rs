@@ -7,6 +7,8 @@ use crate::config::{Config, ConfigError};
 use crate::problem::{self, Problem, ProblemError, RankInputs, RankWeights};
 use fp_formats::bf16;
 use safetensors::tensor::{Dtype, Metadata, SafeTensorError, TensorInfo, TensorView};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -26,6 +28,8 @@ pub enum FilesError {
     Config { path: PathBuf, source: ConfigError },
     #[error("{}: tensor `{tensor}` is missing", path.display())]
     Missing { path: PathBuf, tensor: &'static str },
+    #[error("{}: tensor `{tensor}` appears more than once in the header", path.display())]
+    Duplicate { path: PathBuf, tensor: String },
     #[error("{}: unexpected tensor `{tensor}` (this file holds {expected})", path.display())]
     Unexpected {
         path: PathBuf,
@@ -84,10 +88,13 @@ fn ranks_present(dir: &Path, kind: &str) -> Result<Vec<usize>> {
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let name = entry.map_err(io)?.file_name();
         let rank: Option<usize> = name.to_str().and_then(|n| {
-            n.strip_prefix(&prefix)?
-                .strip_suffix(".safetensors")?
+            let digits = n.strip_prefix(&prefix)?.strip_suffix(".safetensors")?;
+            // Only the name the writer gives rank r counts: `rank01` or `rank+1` would parse as
+            // rank 1, yet rank 1 is read from `rank1`.
+            digits
                 .parse()
                 .ok()
+                .filter(|r: &usize| r.to_string() == digits)
         });
         ranks.extend(rank);
     }
@@ -118,11 +125,15 @@ pub fn check_rank_files(dir: &Path, config: &Config) -> Result<()> {
 
 pub fn read_config(dir: &Path) -> Result<Config> {
     let path = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|source| FilesError::Io {
+    let bytes = std::fs::read(&path).map_err(|source| FilesError::Io {
         path: path.clone(),
         source,
     })?;
-    Config::from_json(&text).map_err(|source| FilesError::Config { path, source })
+    // Text that is not UTF-8 is a malformed config, not a failure to read the file.
+    String::from_utf8(bytes)
+        .map_err(|e| ConfigError::Json(e.to_string()))
+        .and_then(|text| Config::from_json(&text))
+        .map_err(|source| FilesError::Config { path, source })
 }
 
 /// Creates `dir` if needed and writes `config.json`.
@@ -135,9 +146,18 @@ pub fn write_config(dir: &Path, config: &Config) -> Result<()> {
     std::fs::write(&path, config.to_json()).map_err(|source| FilesError::Io { path, source })
 }
 
+/// The largest header a reader accepts: the safetensors format's own limit. The header is read
+/// into memory, and a file of many gigabytes must not make a corrupt length field an allocation
+/// of many gigabytes.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
 /// An open safetensors file: its parsed header, tensor data read on demand straight into the
 /// caller's buffers (never the whole file in memory: weights files are gigabytes, and every
-/// extra copy costs fresh pages).
+/// extra copy costs fresh pages). `SafeTensors::read_metadata` wants the whole file as one slice
+/// (a mapping turns a file truncated under the reader into SIGBUS instead of an error) and adds
+/// the declared data length to the header's unchecked, so this reads the length prefix and the
+/// header itself and leaves the JSON and the checks on each tensor to safetensors' `Metadata`
+/// deserializer.
 struct TensorFile {
     path: PathBuf,
     file: std::fs::File,
@@ -148,6 +168,8 @@ struct TensorFile {
 
 impl TensorFile {
     /// Opens `path`, parses its header and checks that it holds exactly the tensors `names`.
+    /// Every size the header declares is checked against the file's length before anything is
+    /// allocated by it.
     fn open(path: PathBuf, names: &[&'static str]) -> Result<TensorFile> {
         let io = |source| FilesError::Io {
             path: path.clone(),
@@ -163,16 +185,25 @@ impl TensorFile {
         file.read_exact(&mut len_bytes)
             .map_err(|_| invalid(SafeTensorError::HeaderTooSmall))?;
         let header_len = u64::from_le_bytes(len_bytes);
-        if header_len > file_len - 8 {
+        if header_len > MAX_HEADER_BYTES {
+            return Err(invalid(SafeTensorError::HeaderTooLarge));
+        }
+        let data_start = 8 + header_len;
+        if data_start > file_len {
             return Err(invalid(SafeTensorError::InvalidHeaderLength));
         }
         let mut header = vec![0u8; header_len as usize];
         file.read_exact(&mut header).map_err(io)?;
+        let deserialization = |e| invalid(SafeTensorError::InvalidHeaderDeserialization(e));
         // Metadata's deserializer checks that the tensors tile the data section.
-        let metadata: Metadata = serde_json::from_slice(&header)
-            .map_err(|e| invalid(SafeTensorError::InvalidHeaderDeserialization(e)))?;
-        let data_start = 8 + header_len;
-        if data_start + metadata.data_len() as u64 != file_len {
+        let metadata: Metadata = serde_json::from_slice(&header).map_err(deserialization)?;
+        if let FirstRepeat(Some(tensor)) =
+            serde_json::from_slice(&header).map_err(deserialization)?
+        {
+            return Err(FilesError::Duplicate { path, tensor });
+        }
+        // The tiling bounds each tensor but not their sum, which may reach usize::MAX.
+        if data_start.checked_add(metadata.data_len() as u64) != Some(file_len) {
             return Err(invalid(SafeTensorError::MetadataIncompleteBuffer));
         }
         let tensors = metadata.tensors();
@@ -253,6 +284,41 @@ impl TensorFile {
             path: self.path.clone(),
             source,
         }
+    }
+}
+
+/// The first key that a header's JSON object repeats. JSON maps keep the last of a repeated key
+/// without a word, and safetensors' deserializer does too; a file that names one tensor twice is
+/// refused instead, since nothing says which of the two it means.
+struct FirstRepeat(Option<String>);
+
+impl<'de> Deserialize<'de> for FirstRepeat {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> Visitor<'de> for Keys {
+            type Value = FirstRepeat;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<FirstRepeat, A::Error> {
+                let mut seen = HashSet::new();
+                let mut repeat = None;
+                // Read to the end: the deserializer refuses an object left half read.
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<IgnoredAny>()?;
+                    if repeat.is_none() && !seen.insert(key.clone()) {
+                        repeat = Some(key);
+                    }
+                }
+                Ok(FirstRepeat(repeat))
+            }
+        }
+        deserializer.deserialize_map(Keys)
     }
 }
 

@@ -3,29 +3,11 @@
 
 mod common;
 
-use common::tiny_problem;
+use common::{TempDir, tiny_problem};
 use megamoe::files::{self, FilesError, Output};
 use megamoe::{ConfigError, Problem, ProblemError, Recipe};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use std::path::{Path, PathBuf};
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("megamoe-files-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use std::path::Path;
 
 const TOKENS: usize = 16;
 
@@ -148,6 +130,31 @@ fn missing_rank_file() {
     assert!(
         matches!(err, FilesError::RankFiles { kind: "inputs", ref found, expected: 2, .. } if found == &[0])
     );
+}
+
+#[test]
+fn rank_file_under_another_spelling() {
+    let dir = written("rank-spelling", |_| {});
+    for spelling in ["01", "+1"] {
+        std::fs::rename(
+            files::weights_path(&dir.0, 1),
+            dir.0.join(format!("weights.rank{spelling}.safetensors")),
+        )
+        .unwrap();
+        let err = read_error(&dir, &["1 weights.rank*", "ranks [0]", "num_ranks = 2"]);
+        assert!(matches!(
+            err,
+            FilesError::RankFiles {
+                kind: "weights",
+                ..
+            }
+        ));
+        std::fs::rename(
+            dir.0.join(format!("weights.rank{spelling}.safetensors")),
+            files::weights_path(&dir.0, 1),
+        )
+        .unwrap();
+    }
 }
 
 #[test]
@@ -337,4 +344,22 @@ fn not_a_safetensors_file() {
     std::fs::write(files::inputs_path(&dir.0, 1), b"not safetensors").unwrap();
     let err = read_error(&dir, &["inputs.rank1", "safetensors"]);
     assert!(matches!(err, FilesError::Safetensors { .. }));
+}
+
+#[test]
+fn a_tensor_named_twice() {
+    let dir = written("duplicate", |_| {});
+    let path = files::inputs_path(&dir.0, 0);
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let text = std::str::from_utf8(&bytes[8..8 + n]).unwrap().trim_end();
+    let header: serde_json::Value = serde_json::from_str(text).unwrap();
+    // The same entry again before the closing brace: the data still tiles.
+    let repeated = format!("{},\"x\":{}}}", &text[..text.len() - 1], header["x"]);
+    let mut file = (repeated.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(repeated.as_bytes());
+    file.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&path, file).unwrap();
+    let err = read_error(&dir, &["inputs.rank0", "`x` appears more than once"]);
+    assert!(matches!(err, FilesError::Duplicate { ref tensor, .. } if tensor == "x"));
 }

@@ -1,10 +1,29 @@
-//! Helpers shared by the integration tests: small generated problems and re-splitting one
-//! global problem over a different number of ranks.
+//! Helpers shared by the integration tests: temporary directories, small generated problems and
+//! re-splitting one global problem over a different number of ranks.
 
 #![allow(dead_code)] // each test binary uses its own subset
 
 use megamoe::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, RankWeights, Recipe};
+use std::path::PathBuf;
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("megamoe-files-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 pub fn tiny_opts(
     ranks: usize,

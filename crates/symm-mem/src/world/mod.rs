@@ -13,6 +13,7 @@
 
 mod env;
 mod error;
+pub mod frame;
 mod launch;
 mod local;
 mod rendezvous;
@@ -26,8 +27,9 @@ use cuda_rt::{CudaSlice, Gpu, Mapping, SharedMemory};
 
 pub use env::{GPU_VAR, ProcessEnv, TIMEOUT_VAR};
 pub use error::WorldError;
+pub use frame::{MAX_FDS_PER_FRAME, MAX_PAYLOAD_BYTES};
 pub use launch::{RankOutput, TEST_RANK_VAR, is_test_rank, spawn_ranks, spawn_test_ranks};
-pub use rendezvous::{Contribution, MAX_FDS_PER_FRAME, MAX_PAYLOAD_BYTES, Rendezvous};
+pub use rendezvous::{Contribution, Rendezvous};
 
 use crate::{MAX_RANKS, SymmBuffer};
 use local::LocalGroup;

@@ -15,83 +15,15 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recv, recvmsg, sendmsg};
 
+use super::frame::{
+    Frame, FrameError, HEADER_BYTES, Header, Kind, MAX_FDS_PER_FRAME, MAX_PAYLOAD_BYTES,
+};
 use super::{ProcessEnv, WorldError};
 
-const MAGIC: u32 = u32::from_le_bytes(*b"MMoE");
-const HEADER_BYTES: usize = 24;
-/// Most file descriptors one frame carries (Linux allows 253 per message).
-pub const MAX_FDS_PER_FRAME: usize = 64;
-/// Largest payload of one frame.
-pub const MAX_PAYLOAD_BYTES: usize = 16 << 20;
 /// How often rank 0 polls its listener while ranks are still connecting.
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 /// How often a rank retries connecting while rank 0 is not listening yet.
 const CONNECT_POLL: Duration = Duration::from_millis(20);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A rank's first frame: its rank in the header, the world size as the payload.
-    Hello = 1,
-    /// One rank's contribution to a collective.
-    Data = 2,
-    /// Rank 0 gives up on a collective; the payload says why.
-    Abort = 3,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Header {
-    kind: Kind,
-    /// Whose contribution this is.
-    rank: u16,
-    /// The collective's number: 1 for the rendezvous itself, then one more per collective.
-    seq: u64,
-    len: u32,
-    fds: u32,
-}
-
-impl Header {
-    fn encode(&self) -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
-        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&(self.kind as u16).to_le_bytes());
-        b[6..8].copy_from_slice(&self.rank.to_le_bytes());
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..20].copy_from_slice(&self.len.to_le_bytes());
-        b[20..24].copy_from_slice(&self.fds.to_le_bytes());
-        b
-    }
-
-    fn decode(b: &[u8; HEADER_BYTES]) -> Result<Self, String> {
-        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-        if u32_at(0) != MAGIC {
-            return Err(format!(
-                "not a megamoe world frame (magic {:#010x})",
-                u32_at(0)
-            ));
-        }
-        let kind = match u16_at(4) {
-            1 => Kind::Hello,
-            2 => Kind::Data,
-            3 => Kind::Abort,
-            k => return Err(format!("unknown frame kind {k}")),
-        };
-        let header = Self {
-            kind,
-            rank: u16_at(6),
-            seq: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-            len: u32_at(16),
-            fds: u32_at(20),
-        };
-        if header.len as usize > MAX_PAYLOAD_BYTES || header.fds as usize > MAX_FDS_PER_FRAME {
-            return Err(format!(
-                "frame of {} bytes and {} fds exceeds the limits",
-                header.len, header.fds
-            ));
-        }
-        Ok(header)
-    }
-}
 
 /// What one rank put into a collective.
 #[derive(Debug)]
@@ -105,7 +37,7 @@ pub struct Contribution {
 enum LinkError {
     Closed,
     TimedOut,
-    Bad(String),
+    Bad(FrameError),
     Io(io::Error),
 }
 
@@ -172,11 +104,9 @@ fn send_frame(
 }
 
 /// Reads one frame. The header is read with `recvmsg`, which collects the frame's fds (they travel
-/// with its first byte); exact-length reads never consume bytes of the next frame.
-fn recv_frame(
-    stream: &UnixStream,
-    deadline: Instant,
-) -> Result<(Header, Vec<u8>, Vec<OwnedFd>), LinkError> {
+/// with its first byte); exact-length reads never consume bytes of the next frame. The payload is
+/// allocated only once [`Header::decode`] has bounded its length.
+fn recv_frame(stream: &UnixStream, deadline: Instant) -> Result<Frame, LinkError> {
     let mut head = [0u8; HEADER_BYTES];
     let mut got = 0;
     let mut fds = Vec::new();
@@ -203,7 +133,7 @@ fn recv_frame(
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            return Err(LinkError::Bad("file descriptors were truncated".into()));
+            return Err(LinkError::Bad(FrameError::FdsTruncated));
         }
         if msg.bytes == 0 {
             return Err(LinkError::Closed);
@@ -211,13 +141,6 @@ fn recv_frame(
         got += msg.bytes;
     }
     let header = Header::decode(&head).map_err(LinkError::Bad)?;
-    if fds.len() != header.fds as usize {
-        return Err(LinkError::Bad(format!(
-            "the frame announced {} fds but carried {}",
-            header.fds,
-            fds.len()
-        )));
-    }
     let mut payload = vec![0u8; header.len as usize];
     let mut filled = 0;
     while filled < payload.len() {
@@ -229,7 +152,7 @@ fn recv_frame(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok((header, payload, fds))
+    Frame::new(header, payload, fds).map_err(LinkError::Bad)
 }
 
 /// Whether `stream` has bytes waiting (`Some(true)`), nothing yet (`Some(false)`), or is closed.
@@ -448,7 +371,11 @@ impl Rendezvous {
         for (i, stream) in peers.iter().enumerate() {
             let peer = i + 1;
             let failure = match recv_frame(stream, deadline) {
-                Ok((h, bytes, fds)) if h.kind == Kind::Data && h.rank as usize == peer => {
+                Ok(Frame {
+                    header: h,
+                    payload: bytes,
+                    fds,
+                }) if h.kind == Kind::Data && h.rank as usize == peer => {
                     if h.seq == self.seq {
                         all.push(Contribution { bytes, fds });
                         continue;
@@ -463,7 +390,7 @@ impl Rendezvous {
                         ),
                     }
                 }
-                Ok((h, ..)) => WorldError::Protocol {
+                Ok(Frame { header: h, .. }) => WorldError::Protocol {
                     rank: 0,
                     during: during.into(),
                     reason: format!("unexpected {:?} frame from rank {peer}", h.kind),
@@ -513,7 +440,11 @@ impl Rendezvous {
         let deadline = start + self.timeout + (self.timeout / 2).max(Duration::from_secs(1));
         let mut all = Vec::with_capacity(self.size);
         while all.len() < self.size {
-            let (h, bytes, fds) = recv_frame(hub, deadline).map_err(|e| match e {
+            let Frame {
+                header: h,
+                payload: bytes,
+                fds,
+            } = recv_frame(hub, deadline).map_err(|e| match e {
                 LinkError::TimedOut => WorldError::Timeout {
                     rank: self.rank,
                     during: during.into(),
@@ -659,7 +590,11 @@ fn accept_all(
             let _ = send_frame(&stream, header, &[], &[]);
             failure
         };
-        let (hello, payload, _) = match recv_frame(&stream, deadline) {
+        let Frame {
+            header: hello,
+            payload,
+            ..
+        } = match recv_frame(&stream, deadline) {
             Ok(frame) => frame,
             Err(LinkError::Closed) => continue,
             Err(e) => return Err(refuse(format!("a connecting rank sent no greeting: {e:?}"))),
@@ -704,29 +639,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn headers_round_trip_and_bad_ones_are_refused() {
-        let h = Header {
-            kind: Kind::Data,
-            rank: 71,
-            seq: 1 << 40,
-            len: 12,
-            fds: 3,
-        };
-        assert_eq!(Header::decode(&h.encode()), Ok(h));
-        let mut bad = h.encode();
-        bad[0] ^= 1;
-        assert!(Header::decode(&bad).unwrap_err().contains("magic"));
-        let mut bad = h.encode();
-        bad[4] = 9;
-        assert!(Header::decode(&bad).unwrap_err().contains("kind 9"));
-        let too_many = Header {
-            fds: MAX_FDS_PER_FRAME as u32 + 1,
-            ..h
-        };
-        assert!(Header::decode(&too_many.encode()).is_err());
-    }
-
-    #[test]
     fn frames_carry_bytes_and_fds_back_to_back() {
         let (a, b) = UnixStream::pair().unwrap();
         let file = std::fs::File::open("/proc/self/exe").unwrap();
@@ -747,18 +659,24 @@ mod tests {
                 send_frame(&a, header(big.len(), 0), &big, &[]).unwrap();
                 send_frame(&a, header(0, 1), &[], &fds[..1]).unwrap();
             });
-            let (h, bytes, got) = recv_frame(&b, deadline).unwrap();
+            let frame = recv_frame(&b, deadline).unwrap();
             assert_eq!(
-                (h, bytes.as_slice(), got.len()),
+                (frame.header, frame.payload.as_slice(), frame.fds.len()),
                 (header(3, 2), &b"abc"[..], 2)
             );
-            let (h, bytes, got) = recv_frame(&b, deadline).unwrap();
+            let frame = recv_frame(&b, deadline).unwrap();
             assert_eq!(
-                (h.len as usize, bytes == big, got.len()),
+                (
+                    frame.header.len as usize,
+                    frame.payload == big,
+                    frame.fds.len()
+                ),
                 (big.len(), true, 0)
             );
-            let (_, bytes, got) = recv_frame(&b, deadline).unwrap();
-            assert_eq!((bytes.len(), got.len()), (0, 1));
+            let Frame {
+                payload, fds: got, ..
+            } = recv_frame(&b, deadline).unwrap();
+            assert_eq!((payload.len(), got.len()), (0, 1));
             // A new descriptor for the same file.
             use std::os::unix::fs::MetadataExt;
             let inode = |fd: &OwnedFd| {
