@@ -116,6 +116,36 @@ pub const ENTRIES: &[Entry] = &[
     ),
 ];
 
+/// A hazard racecheck reports that its model makes, not the kernel: a write site and a read site
+/// (substrings of the function names racecheck prints) and why the two are ordered. A racecheck
+/// run whose every reported pair matches one of these prints `KNOWN` with the count; any other
+/// report fails.
+pub struct KnownHazard {
+    pub write: &'static str,
+    pub read: &'static str,
+    pub why: &'static str,
+}
+
+/// The GEMM's stage ring: each consumer warp frees a stage with one arrive of lane 0 after
+/// `__syncwarp()` (which orders the other lanes' reads before it), and the producer waits for that
+/// arrive before it reloads the stage (and the converter warp rewrites the stage's scales only
+/// after that reload lands). Racecheck credits an arrive with the arriving thread's own accesses
+/// only, so it reports the reads of lanes 1–31 against the next round's writes; the run's results
+/// are checked bit for bit. Every lane arriving itself satisfies racecheck but makes ptxas spill
+/// the 128-token FP8 kernel (48 B), which `cargo xtask kernels` refuses.
+pub const KNOWN_HAZARDS: &[KnownHazard] = &[
+    KnownHazard {
+        write: "mm::sm90::bulk_load(",
+        read: "mm::gemm::Consumer<",
+        why: "the producer's next load into a stage the consumer warps freed (lane-0 arrive)",
+    },
+    KnownHazard {
+        write: "mm::gemm::moe_gemm<",
+        read: "::chunk_scales<",
+        why: "the converter warp's scales for a stage the consumer warps freed (lane-0 arrive)",
+    },
+];
+
 /// Refuses a table that names a test the bundle does not hold (`bundled`: every `<suite>::<test>`
 /// of its GPU tests), so the list cannot go stale when a test is renamed.
 pub fn check_entries(bundled: &BTreeSet<String>) -> Result<()> {
@@ -140,16 +170,27 @@ pub fn script() -> String {
         .iter()
         .map(|e| format!("  \"{}|{}\"\n", e.family, e.test))
         .collect();
+    let known: Vec<String> = KNOWN_HAZARDS
+        .iter()
+        .map(|k| format!("{}|{}", k.write, k.read))
+        .collect();
+    let whys: String = KNOWN_HAZARDS
+        .iter()
+        .map(|k| format!("#   {} vs {}: {}\n", k.write, k.read, k.why))
+        .collect();
     SANITIZE_SH
         .replace("@TOOLS@", &TOOLS.join(" "))
         .replace("@ENTRIES@", &entries)
+        .replace("@KNOWN_WHY@\n", &whys)
+        .replace("@KNOWN@", &known.join(";"))
 }
 
 const SANITIZE_SH: &str = r#"#!/usr/bin/env bash
 # Runs every kernel family of this bundle (made by `cargo xtask gpu-bundle`) under compute-sanitizer's
 # tools, each run a GPU test on tiny shapes, and prints one line per (tool, test): CLEAN when the tool
-# ran, reported nothing and the test passed; otherwise FAIL with the tool's report. Exits non-zero on
-# any FAIL.
+# ran, reported nothing and the test passed; KNOWN when racecheck reported only hazards of its own
+# model that xtask/src/sanitize.rs (KNOWN_HAZARDS) names and explains; otherwise FAIL with the
+# tool's report. Exits non-zero on any FAIL.
 #
 #   .gpu-bundle/sanitize.sh [TOOL_FILTER] [NAME_FILTER]    e.g. sanitize.sh racecheck gpu_gemm
 #
@@ -176,7 +217,7 @@ entries=(
 run_one() {
   local tool="$1" name="$2" suite="${2%%::*}" test="${2#*::}"
   local log="$logs/$tool.$suite.$test.log" start=$SECONDS
-  timeout "$timeout_s" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 25 \
+  timeout "$timeout_s" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 200 \
     "$here/tests/$suite" --ignored --exact "$test" --test-threads=1 --nocapture >"$log" 2>&1
   local status=$?
   echo "$status $((SECONDS - start))" >"$log.status"
@@ -197,7 +238,21 @@ echo "compute-sanitizer: $("$sanitizer" --version | grep -m1 -o 'Version .*'); $
 printf '%s\n' "${runs[@]}" | awk -F'|' '{ print $1; print $3 }' |
   xargs -d '\n' -n 2 -P "${SANITIZE_JOBS:-4}" bash -c 'run_one "$1" "$2"' _
 
-clean=0 failed=0
+# Racecheck's reported (write, read) pairs: "pairs unexplained" by the known hazards, which are
+@KNOWN_WHY@
+known='@KNOWN@'
+unexplained() {
+  awk -v known="$known" '
+    /Race reported between/ { w = $0; next }
+    /and (Read|Write) access at/ {
+      pairs++; ok = 0; n = split(known, k, ";")
+      for (i = 1; i <= n; i++) { split(k[i], p, "|"); if (index(w, p[1]) && index($0, p[2])) ok = 1 }
+      if (!ok) bad++
+    }
+    END { print pairs + 0, bad + 0 }' "$1"
+}
+
+clean=0 known_runs=0 failed=0
 for r in "${runs[@]}"; do
   IFS='|' read -r tool family name <<<"$r"
   suite="${name%%::*}" test="${name#*::}"
@@ -211,6 +266,16 @@ for r in "${runs[@]}"; do
   elif (( status != 0 )); then why="the test failed (exit $status)"
   elif ! grep -q "$summary" "$log"; then why="no clean summary from the tool"
   fi
+  if [[ "$why" == "the tool reported errors" && "$tool" == racecheck ]] &&
+    grep -q 'test result: ok. 1 passed' "$log"; then
+    read -r pairs bad < <(unexplained "$log")
+    if (( pairs > 0 && bad == 0 )); then
+      printf 'KNOWN %-9s %-16s %s (%d s): %d reported pairs, all known hazards of the tool\n' \
+        "$tool" "$family" "$name" "$secs" "$pairs"
+      known_runs=$((known_runs + 1))
+      continue
+    fi
+  fi
   if [[ -z "$why" ]]; then
     printf 'CLEAN %-9s %-16s %s (%d s)\n' "$tool" "$family" "$name" "$secs"
     clean=$((clean + 1))
@@ -220,6 +285,6 @@ for r in "${runs[@]}"; do
     failed=$((failed + 1))
   fi
 done
-echo "$clean clean, $failed failed"
+echo "$clean clean, $known_runs known, $failed failed"
 (( failed == 0 ))
 "#;
