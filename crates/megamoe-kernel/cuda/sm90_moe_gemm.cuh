@@ -16,9 +16,10 @@
 // turns the stage's token scales into floats), warpgroups 1 and 2 = consumers (64 weight rows each,
 // the same BN tokens). A persistent CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile
 // is (expert, 128-row weight tile, BN-token block), token block minor, so CTAs working at once share
-// weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
-// weight tiles of one token block in step: each loads half of the shared activation tile into both
-// (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
+// weight tiles through L2. In a cluster of two (kCluster, BF16 route) the two CTAs walk pairs of
+// neighbouring weight tiles of one token block in step: each loads one K half of the shared
+// activation tile into both (TMA multicast) and a stage is refilled once the consumers of both CTAs
+// released it.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace);
 // otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn
@@ -44,7 +45,7 @@
 //   meta:  [128 rows] u32. FP8: (d_b + 8) in nibble b, base byte in bits 16..23. BF16: UE8M0 byte b = s_b
 //          (b = scale block of the k128 block).
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
-// 128-B swizzle, box {128 B, BN} (FP8 in a cluster: BN / 2 rows).
+// 128-B swizzle, box {128 B, BN}.
 // BN (tokens per tile) is 16..256: accumulators, FP8 temp sets and fragments must fit the consumers'
 // 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer).
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
@@ -90,8 +91,7 @@ struct GemmParams {
   // the last CTA to finish drawing resets them.
   u32* tickets;
   // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
-  // 1, end of warpgroup 2, k128 blocks its consumers ran (0 in the load probe) | SM << 32], times
-  // in ns of %globaltimer.
+  // 1, end of warpgroup 2, k128 blocks its consumers ran | SM << 32], times in ns of %globaltimer.
   unsigned long long* trace;
 };
 static_assert(sizeof(GemmParams) == 104, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
@@ -313,38 +313,33 @@ __device__ __forceinline__ int scale_slot(int j) {
 // kRowBase (FP8): every k128 block of a weight row shares one fold base, so the promotion needs
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
 // kRegs (FP8): decode tables from the meta nibbles in registers (see decode_fp8).
-// kKSplit (FP8): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
-// of FP32's precision while it accumulates, so shorter runs between promotions are more accurate.
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
+// kCluster: CTAs per cluster (2: BF16 route only, see the header).
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster>
 struct Consumer {
+  static_assert(!kFp8 || kCluster == 1, "clusters serve the BF16 route");
   using L = Layout<BN, kFp8, kCtas>;
   // FP8 chunks: 64 tokens above 64; with two CTAs per SM (96 registers) 16. (A whole 32-token tile
   // per chunk fit once, with 6 % fewer instructions and no measured gain, v14; the split tail's
   // hand-over took those registers. 32-token chunks lose 2-6 % at 128 and 256 tokens, v40/v41.)
-  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
+  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : 64;
   // FP8, one CTA per SM: 256-token tiles hold one fragment set (its 128 accumulators, a temp set
   // and the prefetched scales leave no room for a second), so a stage's decode waits for its
   // predecessor's wgmmas; they halve the decode per token, which pays at large T (perf.md v41).
   static constexpr bool kOneParity = kFp8 && kCtas == 1 && BN > 128;
   // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
-  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40;
-  // not in a cluster, whose peer bookkeeping leaves no registers for the third temp set);
+  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
   // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
   // more there (lag 1 without it: -4 %, v41c; with it at 232 registers: -2 %, v45).
-  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 && kCluster == 1 ? 2 : 1;
+  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
   static constexpr int kTempSets = kLag + 1;
   // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
-  // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is token sub-tile
-  // h / kKSplit (kNsub tokens from (h / kKSplit) kNsub, the last one narrower when kN is not a
-  // multiple), k part h % kKSplit.
+  // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is the kNsub tokens from
+  // h kNsub (the last one narrower when kN is not a multiple), all four k32 steps of the stage.
   template <int kN>
   struct Active {
-    static constexpr int kChunks = (kN + kNsub - 1) / kNsub * kKSplit;
-    __host__ __device__ static constexpr int width(int h) {
-      return kN - h / kKSplit * kNsub < kNsub ? kN - h / kKSplit * kNsub : kNsub;
-    }
+    static constexpr int kChunks = (kN + kNsub - 1) / kNsub;
+    __host__ __device__ static constexpr int width(int h) { return kN - h * kNsub < kNsub ? kN - h * kNsub : kNsub; }
   };
-  static constexpr int kStepsPerChunk = 4 / kKSplit;  // k32 steps
   // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
   // x 4); its two halves alternate between the parities.
   static constexpr int kAregs = 16;
@@ -439,16 +434,6 @@ struct Consumer {
       mbar_arrive(empty(held[P]));
     }
   }
-  // Consumes the next stage without math (the benchmark's load probe), in step with the converter
-  // warp, which must not be lapped.
-  __device__ __forceinline__ void skip_stage() {
-    mbar_wait(full(stage), phase);
-    if constexpr (kFp8) mbar_wait(scales_ready(stage), phase);
-    held[0] = stage;
-    release<0>();
-    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-  }
-
   // Epilogue of FP8 one-CTA tiles: the warpgroup writes its 64 outputs of the tile's BN tokens as
   // BF16 token rows into its own buffer (128-byte rows in the TMA's 128-byte swizzle: 16-byte chunk
   // c of row r at c ^ (r % 8), so each stmatrix.trans row group hits all 32 banks), and one thread
@@ -560,11 +545,9 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
-    constexpr int first = (h % kKSplit) * kStepsPerChunk;
-    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kNsub * 8;
+    const u64 desc = act_desc(held[P]) + h * kNsub * 8;
 #pragma unroll
-    for (int j = 0; j < kStepsPerChunk; ++j)
-      mma_fp8_rs<kW>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
+    for (int j = 0; j < 4; ++j) mma_fp8_rs<kW>(tmp[B], &a[P][4 * j], desc + 2 * j, j > 0);
     wg_commit();
   }
 
@@ -580,7 +563,7 @@ struct Consumer {
   __device__ __forceinline__ void chunk_scales(float2* sc) const {
     constexpr int kPairs = Active<kN>::width(h) / 8;
     if constexpr (kQuadScales) {
-      const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub + 4 * t;  // chunks start on 16 columns
+      const float* sf = stage_sf(held[P]) + h * kNsub + 4 * t;  // chunks start on 16 columns
 #pragma unroll
       for (int g = 0; g < kPairs / 2; ++g) {
         const float4 v = *(const float4*)(sf + 16 * g);
@@ -589,7 +572,7 @@ struct Consumer {
       }
       if constexpr (kPairs % 2 == 1) sc[kPairs - 1] = *(const float2*)(sf + 16 * (kPairs / 2));
     } else {
-      const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub + 2 * t;
+      const float* sf = stage_sf(held[P]) + h * kNsub + 2 * t;
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) sc[q] = *(const float2*)(sf + 8 * q);
     }
@@ -605,7 +588,7 @@ struct Consumer {
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
     for (int q = 0; q < kW / 8; ++q) {
-      float* out = acc + (h / kKSplit) * (kNsub / 2) + 4 * q;
+      float* out = acc + h * (kNsub / 2) + 4 * q;
       if constexpr (kRowBase) {
         out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x, out[0]);
         out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y, out[1]);
@@ -723,8 +706,7 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------- the kernel
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster, bool kNarrowTiles,
-          bool kSplitTail>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
   using L = Layout<BN, kFp8, kCtas>;
   // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
@@ -809,15 +791,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
           mbar_wait(&empty[stage], phase ^ 1);
           mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
           if constexpr (kCluster == 2) {
-            // The activation tile is the same for both CTAs: each loads half of it into both.
-            // FP8: half the rows (the map's box is BN / 2 rows); BF16: one of the two K halves.
-            if constexpr (kFp8) {
-              tma_load_2d_multicast(dst + rank * (BN / 2) * 128, act_map, &full[stage], kb * kBlockK,
-                                    row0 + (int)rank * (BN / 2), 0x3);
-            } else {
-              tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0,
-                                    0x3);
-            }
+            // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
+            tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
           } else {
             tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
             if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
@@ -861,7 +836,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit, kCluster> c;
+    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster> c;
     c.smem = smem;
     c.act_desc0 = desc_k_sw128(smem_addr(smem));
     c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
@@ -877,10 +852,6 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
       if (range == 0) break;
       const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
       const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
-      if (MM_PROBE) {  // the benchmark's load probe: stages consumed untouched
-        for (int kb = 0; kb < blocks; ++kb) c.skip_stage();
-        continue;
-      }
       if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
         const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
         for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);

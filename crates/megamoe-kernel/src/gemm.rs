@@ -176,10 +176,6 @@ const TWO_CTAS: [(Mma, usize); 4] = [
     (Mma::Bf16, 16),
     (Mma::Bf16, 32),
 ];
-/// FP8 promotions per k128 block by default. 2026-11-30, H200: two per k128 cost 24 % at T = 8192
-/// and did not bring the pipeline's g128 result closer to the contract (calc_diff 1.1–2.7e-5 on V4
-/// shapes either way; the error is the FP8 tensor core's short accumulator within each wgmma).
-const DEFAULT_K_SPLIT: usize = 1;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
 /// Shared memory where the epilogue gathers a tile's outputs as BF16 token rows for the TMA to
@@ -232,16 +228,11 @@ pub struct TilePlan {
     /// and decode tables in registers. Without those, a base per k128 block and tables in shared
     /// memory, which also cover offsets below -5.
     pub fold: Fold,
-    /// FP8: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
-    /// accumulates with less than FP32's precision, so more promotions track the contract's sum
-    /// more closely, at the cost of more promotion work.
-    pub k_split: usize,
-    /// CTAs per thread-block cluster (1 or 2). Two CTAs on neighbouring weight tiles of the same
-    /// token block load half of the shared activation tile each and multicast it to both, halving
-    /// the activation traffic into the SMs (2026-11-30, H200: with half the activation loads
-    /// skipped, FP8 T = 8192 ran 12 % faster). Measured with the multicast: the BF16 route's
-    /// one-CTA tiles 4–6 % faster (its default); FP8 128-token tiles within 1 % (the two CTAs'
-    /// rings move in lockstep, which eats the saving), so FP8 stays at one.
+    /// CTAs per thread-block cluster (1, or 2 on the BF16 route). Two CTAs on neighbouring weight
+    /// tiles of the same token block load one K half of the shared activation tile each and
+    /// multicast it to both, halving the activation traffic into the SMs: the BF16 route's one-CTA
+    /// tiles run 4–6 % faster (2026-11-30, H200; its default). FP8 128-token tiles measured within
+    /// 1 % (the two CTAs' rings move in lockstep, which eats the saving), so FP8 has none.
     pub cluster: usize,
     /// Split tail (with the dynamic schedule; the kernel's header says how): the last items of a
     /// launch, one per CTA at most, are drawn in this many parts of their K (1: not split, at
@@ -266,9 +257,6 @@ pub struct TilePlan {
     /// weights. Off for the two-CTA tiles: with register tables ptxas serialized their wgmmas
     /// (C7511: not enough registers for the wgmma pipeline at 96 per consumer thread, perf.md v30).
     pub register_tables: bool,
-    /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
-    /// (the output is not written).
-    pub probe: bool,
 }
 
 impl TilePlan {
@@ -298,7 +286,6 @@ impl TilePlan {
             stage_bytes,
             ctas_per_sm: 0,
             fold: Fold::default(),
-            k_split: DEFAULT_K_SPLIT,
             cluster: 1,
             // Measured (perf.md v29): halves gain ≈ 0.7 % with 32-token tiles (T = 128) and cost
             // 2 % with 16-token ones (T = 8), whose CTAs draw few tiles' worth of blocks.
@@ -306,7 +293,6 @@ impl TilePlan {
             dynamic: true,
             narrow_tiles: !(mma == Mma::Fp8 && tokens_per_tile == 16),
             register_tables: !TWO_CTAS.contains(&(mma, tokens_per_tile)),
-            probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
             row_base: true,
@@ -337,9 +323,13 @@ impl TilePlan {
         }
     }
 
-    /// The same tile with `cluster` (1 or 2) CTAs per cluster.
+    /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route).
     pub fn with_cluster(self, cluster: usize) -> Self {
-        assert!(matches!(cluster, 1 | 2), "cluster of {cluster}");
+        assert!(
+            cluster == 1 || (cluster == 2 && self.mma == Mma::Bf16),
+            "cluster of {cluster} on the {} route",
+            self.mma
+        );
         Self { cluster, ..self }
     }
 
@@ -397,12 +387,6 @@ impl TilePlan {
         self.narrow_tiles && self.ctas_per_sm == 2
     }
 
-    /// The same tile with `k_split` promotions per k128 block (FP8).
-    pub fn with_k_split(self, k_split: usize) -> Self {
-        assert!(matches!(k_split, 1 | 2 | 4), "k_split {k_split}");
-        Self { k_split, ..self }
-    }
-
     /// The same tile for weights folded as `fold` (the BF16 route has no fold).
     pub fn with_fold(self, fold: Fold) -> Self {
         Self {
@@ -431,7 +415,7 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}",
                 self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
@@ -448,12 +432,6 @@ impl TilePlan {
                 },
                 if self.narrows_tiles() { "/narrow" } else { "" },
                 if self.splits_tail() { "/split" } else { "" },
-                if self.mma == Mma::Fp8 {
-                    format!("/k{}", 128 / self.k_split)
-                } else {
-                    String::new()
-                },
-                if self.probe { "/probe" } else { "" }
             ),
             crate::GEMM_SOURCE,
         )
@@ -467,16 +445,7 @@ impl TilePlan {
         .define("MM_FOLD_REGS", u8::from(self.tables_in_registers()))
         .define("MM_NARROW", u8::from(self.narrows_tiles()))
         .define("MM_SPLIT", u8::from(self.splits_tail()))
-        .define(
-            "MM_KSPLIT",
-            if self.mma == Mma::Fp8 {
-                self.k_split
-            } else {
-                1
-            },
-        )
         .define("MM_CLUSTER", self.cluster)
-        .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
         .no_spill()
         .headers(crate::CUDA_HEADERS)
@@ -522,10 +491,6 @@ pub fn kernels() -> Vec<KernelSpec> {
                 })
             })
         })
-        // The FP8 cluster variant the benchmark compares (`--cluster 1,2`), kept compiling.
-        .chain([TilePlan::new(Mma::Fp8, 128)
-            .expect("listed tile")
-            .with_cluster(2)])
         .map(|plan| plan.spec())
         .collect()
 }
@@ -782,18 +747,13 @@ impl GemmCore {
         };
         let stream = gpu.stream();
         let k = weights.k as u64;
-        // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile. In an
-        // FP8 cluster of two each CTA loads (and multicasts) half the rows.
-        let box_rows = match self.plan.mma {
-            Mma::Fp8 => bn / self.plan.cluster as u32,
-            Mma::Bf16 => bn,
-        };
+        // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile.
         let map = TensorMapDesc::matrix(
             data_type,
             pool.act.ptr(),
             [pool.rows as u64, k],
             k * elem,
-            [box_rows, (128 / elem) as u32],
+            [bn, (128 / elem) as u32],
         )
         .swizzle(Swizzle::B128)
         .encode()?;
@@ -1033,13 +993,13 @@ mod tests {
         );
         let names: std::collections::HashSet<String> =
             kernels().into_iter().map(|s| s.name).collect();
-        assert!(names.contains("megamoe-kernel/sm90_moe_gemm/fp8/bn16/cta2/k128"));
+        assert!(names.contains("megamoe-kernel/sm90_moe_gemm/fp8/bn16/cta2"));
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            2 * 2 + 3 * 4 + 5 + 1,
+            2 * 2 + 3 * 4 + 5,
             "two folds per two-CTA FP8 tile (tables in shared memory), four per one-CTA FP8 tile, \
-             one per BF16 tile, the FP8 cluster variant"
+             one per BF16 tile"
         );
     }
 
@@ -1055,9 +1015,15 @@ mod tests {
             "FP8 measured no faster in clusters"
         );
         assert_eq!(
-            plan(Mma::Fp8, 128).with_cluster(2).spec().name,
-            "megamoe-kernel/sm90_moe_gemm/fp8/bn128/cta1/cl2/rowbase/regfold/k128"
+            plan(Mma::Bf16, 128).with_cluster(1).spec().name,
+            "megamoe-kernel/sm90_moe_gemm/bf16/bn128/cta1"
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "cluster of 2 on the fp8 route")]
+    fn the_fp8_route_has_no_clusters() {
+        let _ = TilePlan::new(Mma::Fp8, 128).unwrap().with_cluster(2);
     }
 
     #[test]
