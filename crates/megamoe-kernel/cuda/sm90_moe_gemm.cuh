@@ -14,12 +14,14 @@
 // Warp roles: warpgroup 0 = producer (one thread walks the schedule, hands each unit of work to the
 // other roles as a UnitDesc in shared memory and issues TMA for every stage; FP8: one converter warp
 // turns the stage's token scales into floats), warpgroups 1 and 2 = consumers (64 weight rows each,
-// the same BN tokens). A persistent CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile
-// is (expert, 128-row weight tile, BN-token block), token block minor, so CTAs working at once share
-// weight tiles through L2. In a cluster of two (kCluster, BF16 route) the two CTAs walk pairs of
-// neighbouring weight tiles of one token block in step: each loads one K half of the shared
-// activation tile into both (TMA multicast) and a stage is refilled once the consumers of both CTAs
-// released it.
+// the same BN tokens). Each role is a device function of its own (Producer, ScaleConverter,
+// consumer_role with the Epilogue it is given), configured by template parameters only, so another
+// kernel can compose them; moe_gemm is the grouped GEMM's composition. A persistent CTA walks
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is (expert, 128-row weight tile, BN-token
+// block), token block minor, so CTAs working at once share weight tiles through L2. In a cluster
+// of two (kCluster, BF16 route) the two CTAs walk pairs of neighbouring weight tiles of one token
+// block in step: each loads one K half of the shared activation tile into both (TMA multicast) and
+// a stage is refilled once the consumers of both CTAs released it.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace);
 // otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn
@@ -318,6 +320,10 @@ template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster>
 struct Consumer {
   static_assert(!kFp8 || kCluster == 1, "clusters serve the BF16 route");
   using L = Layout<BN, kFp8, kCtas>;
+  static constexpr int kBN = BN;
+  static constexpr bool kFp8Route = kFp8;
+  static constexpr int kCtasPerSm = kCtas;
+  static constexpr int kClusterCtas = kCluster;
   // FP8 chunks: 64 tokens above 64; with two CTAs per SM (96 registers) 16. (A whole 32-token tile
   // per chunk fit once, with 6 % fewer instructions and no measured gain, v14; the split tail's
   // hand-over took those registers. 32-token chunks lose 2-6 % at 128 and 256 tokens, v40/v41.)
@@ -705,7 +711,223 @@ struct Consumer {
   }
 };
 
+// ---------------------------------------------------------------- producer role
+// Warpgroup 0. Warp 0 counts the launch's items (split tail only); then its thread 0 alone walks
+// this CTA's units (TileWalker), hands each to the converter warp and the consumers as a UnitDesc
+// and issues every stage's loads: the activation tile by TMA (in a cluster of two, one K half into
+// both CTAs by multicast), the FP8 token scales and the weight tile by bulk copy. Its last stage
+// completes without data and carries the end mark.
+template <int BN, bool kFp8, int kCtas, int kCluster, bool kSplitTail>
+struct Producer {
+  using L = Layout<BN, kFp8, kCtas>;
+
+  // Warp 0 (lane: of the whole warp), before its thread 0 runs: every item of the launch, for the
+  // split tail, into shared memory (the producer thread has no registers to keep it).
+  __device__ __forceinline__ static void count_launch_items(const GemmParams& p, u8* smem, int lane) {
+    const int items = kSplitTail && p.split_parts > 1 ? count_items<kCluster>(p, BN, lane) : 0;
+    if (lane == 0) *(int*)(smem + L::kItemsAt) = items;
+  }
+
+  // Thread 0 of warpgroup 0; `rank` in the cluster.
+  __device__ __forceinline__ static void run(const GemmParams& p, const void* act_map, u8* smem, u32 rank) {
+    u64* full = (u64*)(smem + L::kFullAt);
+    u64* empty = (u64*)(smem + L::kEmptyAt);
+    UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
+    if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
+    prefetch_tensormap(act_map);
+    TileWalker<kCluster, BN, kSplitTail> walker(p, (const int*)(smem + L::kItemsAt));
+    int stage = 0, slot = 0;
+    u32 phase = 0;
+    WorkUnit u;
+    for (int n = 0; walker.unit(n, rank, u); ++n) {
+      const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
+      const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
+      // The unit's descriptor goes out before the arrive that completes its first stage.
+      mbar_wait(&empty[stage], phase ^ 1);
+      units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
+                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, {}};
+      if (++slot == L::kUnitSlots) slot = 0;
+      const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+        u8* dst = smem + stage * L::kStageBytes;
+        mbar_wait(&empty[stage], phase ^ 1);
+        mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
+        if constexpr (kCluster == 2) {
+          // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
+          tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
+        } else {
+          tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
+          if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
+        }
+        if constexpr (kFp8) {
+          bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
+                    &full[stage]);
+        }
+        if (!ghost) {
+          bulk_load(dst + L::kActBytes, p.w_codes + (tile_blocks + kb) * kCodeBytes, kCodeBytes, &full[stage]);
+          bulk_load(dst + L::kActBytes + kCodeBytes, p.w_meta + (tile_blocks + kb) * kTileRows, kMetaBytes,
+                    &full[stage]);
+        }
+        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+    // The end of this CTA's work: a stage that completes without data, with an end mark.
+    mbar_wait(&empty[stage], phase ^ 1);
+    units[slot].kb_range = 0;
+    mbar_arrive(&full[stage]);
+  }
+};
+
+// ---------------------------------------------------------------- converter role (FP8)
+// Warp 1 of warpgroup 0: each stage's UE8M0 token scales -> floats, once for both consumer
+// warpgroups, so the promotion reads two ready factors per LDS.64 (in scale_slot order with one
+// CTA per SM, Consumer::chunk_scales). It follows the units the producer hands out to the end mark.
+template <int BN, int kCtas>
+struct ScaleConverter {
+  using L = Layout<BN, true, kCtas>;
+
+  __device__ __forceinline__ static void run(u8* smem, int lane) {
+    u64* full = (u64*)(smem + L::kFullAt);
+    u64* scales_ready = (u64*)(smem + L::kScalesReadyAt);
+    const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
+    int stage = 0, slot = 0;
+    u32 phase = 0;
+    for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+      mbar_wait(&full[stage], phase);  // the unit's first stage, or the end mark
+      const u32 range = units[slot].kb_range;
+      if (range == 0) break;
+      for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
+        u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
+        mbar_wait(&full[stage], phase);
+        for (int i = lane; i < BN; i += 32)
+          ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
+        mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
+        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------- consumer role
+// The epilogue: what the consumers do with a finished tile (c.acc: this warpgroup's 64 weight rows
+// x BN tokens of FP32 sums, complete, the split tail's parts added). `tile` runs once per tile a
+// CTA stores, `finish` once after its last; a kernel that consumes the tiles otherwise passes
+// consumer_role its own. Bf16Out is the grouped GEMM's: BF16 out[pool row][weight row], only the
+// expert's rows (FP8 one-CTA tiles through the shared-memory box and the TMA, Consumer::store_tile;
+// otherwise the fragments directly).
+struct Bf16Out {
+  template <class C>
+  __device__ __forceinline__ static void tile(C& c, const GemmParams& p, const void* out_map, const UnitDesc& d) {
+    const int rows_left = d.rows;
+    const size_t row0 = (size_t)d.row0;
+    if constexpr (C::L::kEpilogueBytes > 0) {
+      const int col0 = d.n_col + (c.thread / 128) * 64;
+      c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
+    } else {
+      const int n0 = d.n_col + c.row_r;
+#pragma unroll
+      for (int i = 0; i < C::kBN / 2; ++i) {
+        const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
+        const int n = n0 + 8 * ((i >> 1) & 1);
+        if (col < rows_left) {
+          unsigned short b;
+          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
+          p.out[(row0 + col) * p.n_out + n] = b;
+        }
+      }
+    }
+  }
+  // The last box is stored before the CTA's shared memory goes away.
+  template <class C>
+  __device__ __forceinline__ static void finish(C&) {
+    if constexpr (C::L::kEpilogueBytes > 0) bulk_wait<0>();
+  }
+};
+
+// One unit of a consumer warpgroup (its range, broadcast, is not the end mark): the split tail's
+// wait for a head's later parts, the main loop built for the unit's rows, the hand-over of a later
+// part or the sum of a head's, and the epilogue.
+template <class Epilogue, bool kNarrowTiles, bool kSplitTail, class C>
+__device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const void* out_map, const UnitDesc* unit,
+                                             u32 range) {
+  constexpr int BN = C::kBN;
+  // Broadcast, so that ptxas sees warp-uniform values (the loop bounds stay uniform registers).
+  const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
+  const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
+  if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
+    const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
+    for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
+  }
+  // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
+  // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more
+  // than a multiple of 256.
+  constexpr bool kShortTail = BN == 256 && C::kCtasPerSm == 1;
+  constexpr bool kFp8 = C::kFp8Route;
+  if (kShortTail && rows <= 64) {
+    c.template mainloop<kShortTail ? 64 : BN>(blocks);
+  } else if (kShortTail && rows <= 128) {
+    c.template mainloop<kShortTail ? 128 : BN>(blocks);
+  } else if (kShortTail && kFp8 && rows <= 192) {
+    c.template mainloop<kShortTail && kFp8 ? 192 : BN>(blocks);
+  } else if (kNarrowTiles && rows <= BN / 2) {
+    c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
+  } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
+    c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
+  } else {
+    c.template mainloop<BN>(blocks);
+  }
+  const UnitDesc d = *unit;  // read again: no registers held across the main loop
+  // (Counted here: a count in the producer's 48 registers made it spill.)
+  if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
+  // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
+  // whatever its stages held (its weights are not loaded) and writes nothing: a separate
+  // path would cost the main loop its uniform descriptor arithmetic.
+  if (C::kClusterCtas > 1 && d.n_col >= p.n_out) return;
+  if constexpr (kSplitTail) {
+    if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it
+      c.store_partial(p.partials, p.partial_ready, d.slot);
+      return;
+    }
+    if ((int)(d.kb_range >> 16) < p.k / kBlockK) {  // a head: + the later parts' sums, in order
+      const int parts = min(p.split_parts, p.k / kBlockK);
+      for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
+    }
+  }
+  Epilogue::tile(c, p, out_map, d);
+}
+
+// Warpgroups 1 and 2 (thread 128 on), after setmaxnreg: every unit the producer hands out, until
+// the end mark; `rank` in the cluster.
+template <class Epilogue, int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles,
+          bool kSplitTail>
+__device__ __forceinline__ void consumer_role(const GemmParams& p, const void* out_map, u8* smem, u32 rank) {
+  using L = Layout<BN, kFp8, kCtas>;
+  const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
+  Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster> c;
+  c.smem = smem;
+  c.act_desc0 = desc_k_sw128(smem_addr(smem));
+  c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
+  c.lane = threadIdx.x % 32;
+  c.t = c.lane % 4;
+  c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
+  if constexpr (kCluster == 2) c.peer = rank ^ 1;
+  for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+    mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
+    const UnitDesc* unit = units + slot;
+    const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
+    if (range == 0) break;
+    consume_unit<Epilogue, kNarrowTiles, kSplitTail>(c, p, out_map, unit, range);
+  }
+  Epilogue::finish(c);
+  if (p.trace && c.thread % 128 == 0) {
+    p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
+    if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
+  }
+}
+
 // ---------------------------------------------------------------- the kernel
+// Set-up (barriers, decode tables, the cluster's meeting), then one role per warpgroup: 0 the
+// producer thread and (FP8) the converter warp, 1 and 2 the consumers.
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
   using L = Layout<BN, kFp8, kCtas>;
@@ -760,161 +982,19 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     __syncthreads();
   }
-  UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
 
   if (wg == 0) {
-    // ============================ producer ============================
+    using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail>;
     setmaxnreg_dec<L::kProducerRegs>();
-    int* launch_items = (int*)(smem + L::kItemsAt);
-    if (threadIdx.x < 32) {
-      const int items = kSplitTail && p.split_parts > 1 ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
-      if (threadIdx.x == 0) *launch_items = items;
-    }
+    if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
     if (threadIdx.x == 0) {
-      if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
-      prefetch_tensormap(act_map);
-      TileWalker<kCluster, BN, kSplitTail> walker(p, launch_items);
-      int stage = 0, slot = 0;
-      u32 phase = 0;
-      WorkUnit u;
-      for (int n = 0; walker.unit(n, rank, u); ++n) {
-        const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
-        const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
-        // The unit's descriptor goes out before the arrive that completes its first stage.
-        mbar_wait(&empty[stage], phase ^ 1);
-        units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
-                               (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, {}};
-        if (++slot == L::kUnitSlots) slot = 0;
-        const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
-        for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
-          u8* dst = smem + stage * L::kStageBytes;
-          mbar_wait(&empty[stage], phase ^ 1);
-          mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
-          if constexpr (kCluster == 2) {
-            // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
-            tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
-          } else {
-            tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
-            if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
-          }
-          if constexpr (kFp8) {
-            bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
-                      &full[stage]);
-          }
-          if (!ghost) {
-            bulk_load(dst + L::kActBytes, p.w_codes + (tile_blocks + kb) * kCodeBytes, kCodeBytes, &full[stage]);
-            bulk_load(dst + L::kActBytes + kCodeBytes, p.w_meta + (tile_blocks + kb) * kTileRows, kMetaBytes,
-                      &full[stage]);
-          }
-          if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-        }
-      }
-      // The end of this CTA's work: a stage that completes without data, with an end mark.
-      mbar_wait(&empty[stage], phase ^ 1);
-      units[slot].kb_range = 0;
-      mbar_arrive(&full[stage]);
-    } else if (kFp8 && threadIdx.x / 32 == 1) {
-      // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
-      // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
-      const int lane = threadIdx.x % 32;
-      int stage = 0, slot = 0;
-      u32 phase = 0;
-      for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-        mbar_wait(&full[stage], phase);  // the unit's first stage, or the end mark
-        const u32 range = units[slot].kb_range;
-        if (range == 0) break;
-        for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
-          u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
-          mbar_wait(&full[stage], phase);
-          for (int i = lane; i < BN; i += 32)
-            ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
-          mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
-          if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-        }
-      }
+      Role::run(p, act_map, smem, rank);
+    } else if constexpr (kFp8) {
+      if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
     }
   } else {
-    // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster> c;
-    c.smem = smem;
-    c.act_desc0 = desc_k_sw128(smem_addr(smem));
-    c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
-    c.lane = threadIdx.x % 32;
-    c.t = c.lane % 4;
-    c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
-    if constexpr (kCluster == 2) c.peer = rank ^ 1;
-    for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-      mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
-      const UnitDesc* unit = units + slot;
-      // Broadcast, so that ptxas sees warp-uniform values (the loop bounds stay uniform registers).
-      const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
-      if (range == 0) break;
-      const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
-      const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
-      if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
-        const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
-        for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
-      }
-      // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
-      // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more
-      // than a multiple of 256.
-      constexpr bool kShortTail = BN == 256 && kCtas == 1;
-      if (kShortTail && rows <= 64) {
-        c.template mainloop<kShortTail ? 64 : BN>(blocks);
-      } else if (kShortTail && rows <= 128) {
-        c.template mainloop<kShortTail ? 128 : BN>(blocks);
-      } else if (kShortTail && kFp8 && rows <= 192) {
-        c.template mainloop<kShortTail && kFp8 ? 192 : BN>(blocks);
-      } else if (kNarrowTiles && rows <= BN / 2) {
-        c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
-      } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
-        c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
-      } else {
-        c.template mainloop<BN>(blocks);
-      }
-      const UnitDesc d = *unit;  // read again: no registers held across the main loop
-      // (Counted here: a count in the producer's 48 registers made it spill.)
-      if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
-      // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
-      // whatever its stages held (its weights are not loaded) and writes nothing: a separate
-      // path would cost the main loop its uniform descriptor arithmetic.
-      if (kCluster > 1 && d.n_col >= p.n_out) continue;
-      if constexpr (kSplitTail) {
-        if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it
-          c.store_partial(p.partials, p.partial_ready, d.slot);
-          continue;
-        }
-        if ((int)(d.kb_range >> 16) < p.k / kBlockK) {  // a head: + the later parts' sums, in order
-          const int parts = min(p.split_parts, p.k / kBlockK);
-          for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
-        }
-      }
-      // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
-      const int rows_left = d.rows;
-      const size_t row0 = (size_t)d.row0;
-      if constexpr (L::kEpilogueBytes > 0) {
-        const int col0 = d.n_col + (c.thread / 128) * 64;
-        c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
-      } else {
-        const int n0 = d.n_col + c.row_r;
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-          const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
-          const int n = n0 + 8 * ((i >> 1) & 1);
-          if (col < rows_left) {
-            unsigned short b;
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
-            p.out[(row0 + col) * p.n_out + n] = b;
-          }
-        }
-      }
-    }
-    if constexpr (L::kEpilogueBytes > 0) bulk_wait<0>();  // the last box is stored before the buffer goes away
-    if (p.trace && c.thread % 128 == 0) {
-      p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
-      if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
-    }
+    consumer_role<Bf16Out, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem, rank);
   }
   if constexpr (kCluster > 1) cluster_sync();
 }
