@@ -994,7 +994,8 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
     }
   } else {
     setmaxnreg_inc<L::kConsumerRegs>();
-    consumer_role<Bf16Out, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem, rank);
+    consumer_role<Bf16Out, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem,
+                                                                                                 rank);
   }
   if constexpr (kCluster > 1) cluster_sync();
 }
