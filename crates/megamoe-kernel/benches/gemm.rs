@@ -419,6 +419,9 @@ fn main() {
                     runs.iter_mut().map(|f| f as &mut dyn FnMut()).collect();
                 times.push(time_interleaved(&gpu, warm_up, idle, &mut fs));
                 drop(runs);
+                for core in &cores {
+                    core.check_error(&gpu).unwrap();
+                }
                 if trace {
                     // Right after the timing: the GPU in the same (sustained) state.
                     for core in cores.iter_mut() {

@@ -30,7 +30,8 @@
 // A later part hands its FP32 sums to a slot (`partials`, flag `partial_ready`); the head waits
 // for them, adds them (head + part 1 + part 2 ...: a fixed order, results do not depend on timing)
 // and stores the tile. A head waits only for parts drawn before it, whose CTAs wait for nothing, and
-// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends.
+// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends; one that
+// does not end within kSplitTailTimeoutNs records a timeout in `error` (GemmParams).
 // Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warpgroup turns its fragments into the tile's token rows of its 64 outputs in shared memory
@@ -95,8 +96,17 @@ struct GemmParams {
   // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
   // 1, end of warpgroup 2, k128 blocks its consumers ran | SM << 32], times in ns of %globaltimer.
   unsigned long long* trace;
+  // The error word (barriers.cuh's format), 0 while no wait gave up: a split tail's head that waits
+  // longer than kSplitTailTimeoutNs records it here (the first one: compare-and-swap from 0) and goes
+  // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
+  // stream is synchronized; it is never reset.
+  unsigned long long* error;
 };
-static_assert(sizeof(GemmParams) == 104, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+static_assert(sizeof(GemmParams) == 112, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+
+// How long a split tail's head waits for a later part before it gives up: far beyond any launch
+// (milliseconds), short enough that a lost part fails a forward within seconds.
+constexpr unsigned long long kSplitTailTimeoutNs = 5'000'000'000ull;
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
@@ -521,12 +531,25 @@ struct Consumer {
   // Split tail: waits until a later part of the tile whose head this warp is about to compute has
   // been handed over in `slot`. The part was drawn a round of tickets earlier or more, so the wait is
   // normally over at once; it ends because the part's CTA waits for nothing and every CTA of the grid is
-  // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. (No timeout
-  // and trap: the trap's path made ptxas spill the main loop, as did a wait loop after it, where
-  // the accumulators are live.)
-  __device__ __forceinline__ void wait_partial(u32* ready, int slot) const {
+  // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. Should it not
+  // (a lost part), it gives up after kSplitTailTimeoutNs, records a timeout in `error` and goes on
+  // with the tile's sums void: no trap, whose path makes ptxas spill the main loop. The wait runs
+  // before the main loop, where no accumulator is live, and keeps its clock in one register (32-bit
+  // steps of the error word's 2^20 ns, read every poll): with a 64-bit start and a poll count as
+  // well, ptxas serialized the FP8 two-CTA wgmmas (C7511).
+  __device__ __forceinline__ void wait_partial(u32* ready, unsigned long long* error, int slot) const {
+    constexpr u32 kUnit = barriers::kErrorWaitUnitLog2;
     u32* flag = ready + slot * 8 + consumer_warp();
+    const u32 start = (u32)(barriers::ptx::globaltimer() >> kUnit);
     while (!__any_sync(0xffffffffu, ld_acquire_gpu(flag) != 0)) {
+      const u32 waited = (u32)(barriers::ptx::globaltimer() >> kUnit) - start;
+      if (__any_sync(0xffffffffu, waited > (u32)(kSplitTailTimeoutNs >> kUnit))) {
+        if (lane == 0) {
+          const u64 word = barriers::encode_local_timeout(barriers::kLocalWaitSplitTail, (u32)slot, (u64)waited << kUnit);
+          barriers::ptx::atom_cas_relaxed_gpu(error, 0, word);
+        }
+        break;
+      }
     }
     if (lane == 0) *flag = 0;  // ready for the next launch
   }
@@ -856,7 +879,7 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
   const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
   if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
     const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
-    for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
+    for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, p.error, first + q);
   }
   // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
   // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more

@@ -212,6 +212,9 @@ pub enum GemmError {
     NoResidentCluster { spec: String },
     #[error("{spec} needs its CTAs resident at once, but only {resident} fit per SM")]
     NotResident { spec: String, resident: u32 },
+    /// A wait inside a launch gave up (`GemmCore::check_error`): that launch's output is void.
+    #[error("a GEMM launch's wait gave up: {0}")]
+    Wait(#[from] barriers::BarrierError),
 }
 
 /// The shared-memory plan of one specialization; mirrors `Layout<BN, kFp8, kCtas>` in the kernel, which
@@ -521,9 +524,10 @@ struct GemmParams {
     pad_: i32,
     tickets: u64,
     trace: u64,
+    error: u64,
 }
 
-const _: () = assert!(size_of::<GemmParams>() == 104);
+const _: () = assert!(size_of::<GemmParams>() == 112);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -627,6 +631,9 @@ pub struct GemmCore {
     /// Dynamic schedule: the next item and the CTAs done drawing, zero between launches; empty
     /// for the static schedule.
     tickets: CudaSlice<u32>,
+    /// The error word every launch records a wait that gave up in (barriers' format, zeroed
+    /// once, never reset: [`GemmCore::check_error`]).
+    error: CudaSlice<u64>,
     /// Launches are programmatic ([`GemmCore::chain_after_kernel`]).
     chained: bool,
 }
@@ -681,8 +688,18 @@ impl GemmCore {
             partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
             tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
+            error: gpu.alloc_zeros(1)?,
             chained: false,
         })
+    }
+
+    /// After the stream is synchronized: whether a launch of this core gave up a wait (a split
+    /// tail's head whose later part did not arrive within the kernel's `kSplitTailTimeoutNs`),
+    /// named by the typed error; that launch's output is void. Reads one word; the core stays
+    /// failed from then on (its hand-over flags may be out of step): build a new one.
+    pub fn check_error(&self, gpu: &Gpu) -> Result<(), GemmError> {
+        let word = gpu.download(&self.error)?[0];
+        Ok(barriers::check_error_word(word)?)
     }
 
     /// Whether the next launches may start while the previous kernel on the stream still runs
@@ -695,6 +712,8 @@ impl GemmCore {
 
     /// `out[row][n] = bf16(Σ_k act[row][k] · w_e[n][k])` for every row of every expert; other rows of
     /// `out` (padding between experts) are not written. `out` is BF16 bits `[pool.rows][weights.n]`.
+    /// Queued on the stream; [`Self::check_error`] says, once it is synchronized, whether a
+    /// launch's in-kernel wait gave up.
     pub fn run(
         &mut self,
         gpu: &Gpu,
@@ -785,6 +804,7 @@ impl GemmCore {
         } else {
             (0, None)
         };
+        let (error, _g11) = self.error.device_ptr_mut(stream);
         let (trace, _g10) = match trace {
             Some(t) => {
                 let (ptr, guard) = t.device_ptr_mut(stream);
@@ -813,6 +833,7 @@ impl GemmCore {
             pad_: 0,
             tickets,
             trace,
+            error,
         };
         let mut config = LaunchConfig::linear(self.grid, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32)
