@@ -116,21 +116,35 @@ mod tests {
     }
 
     #[test]
-    fn decodes_a_rank_timeout_field_by_field() {
-        let word = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
-        assert_eq!(
-            check_error_word(word),
-            Err(BarrierError::Timeout {
-                missing_rank: 71,
-                epoch: 0xDEAD_BEEF,
-                waited_ns: 5000 << 20,
-            })
-        );
-        let message = check_error_word(word).unwrap_err().to_string();
-        assert!(
-            message.contains("rank 71") && message.contains("5242.9 ms"),
-            "{message}"
-        );
+    fn decodes_each_timeout_field_by_field() {
+        let rank_timeout = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
+        let local_timeout = (2u64 << 60) | (1 << 52) | (4768 << 32) | 42;
+        for (word, decoded, in_message) in [
+            (
+                rank_timeout,
+                BarrierError::Timeout {
+                    missing_rank: 71,
+                    epoch: 0xDEAD_BEEF,
+                    waited_ns: 5000 << 20,
+                },
+                ["rank 71", "5242.9 ms"],
+            ),
+            (
+                local_timeout,
+                BarrierError::LocalTimeout {
+                    wait: LocalWait::SplitTailHandOver,
+                    detail: 42,
+                    waited_ns: 4768 << 20,
+                },
+                ["split-tail hand-over of slot 42", "4999.6 ms"],
+            ),
+        ] {
+            assert_eq!(check_error_word(word), Err(decoded));
+            let message = decoded.to_string();
+            for part in in_message {
+                assert!(message.contains(part), "{message}");
+            }
+        }
     }
 
     #[test]
@@ -147,24 +161,6 @@ mod tests {
         assert_eq!((missing_rank, epoch), (255, u32::MAX));
         assert_eq!(waited_ns, ERROR_WAIT_MAX << 20);
         assert!(waited_ns > 18 * 60 * 1_000_000_000);
-    }
-
-    #[test]
-    fn decodes_a_local_timeout_naming_the_wait() {
-        let word = (2u64 << 60) | (1 << 52) | (4768 << 32) | 42;
-        assert_eq!(
-            check_error_word(word),
-            Err(BarrierError::LocalTimeout {
-                wait: LocalWait::SplitTailHandOver,
-                detail: 42,
-                waited_ns: 4768 << 20,
-            })
-        );
-        let message = check_error_word(word).unwrap_err().to_string();
-        assert!(
-            message.contains("split-tail hand-over of slot 42") && message.contains("4999.6 ms"),
-            "{message}"
-        );
     }
 
     #[test]
