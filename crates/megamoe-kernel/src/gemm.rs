@@ -1092,6 +1092,64 @@ mod tests {
         assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0)), 256);
     }
 
+    /// A split tail's head whose later part never comes gives up after the kernel's timeout and
+    /// says so in the core's error word, which stays set. The tickets start past the round that
+    /// draws the later parts, so that only the heads run (a fault no healthy launch has; the
+    /// integration tests cannot reach the tickets).
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_lost_split_part_times_out_into_the_error_word() {
+        use crate::problem::{ActPool, ExpertWeights};
+        let gpu = Gpu::open(0).expect("this test needs a CUDA GPU");
+        let jit = cuda_rt::testing::jit();
+        let (rows, n, k, bn) = ([20usize, 0, 33, 7], 256, 512, 32);
+        let plan = TilePlan::new(Mma::Bf16, bn).unwrap();
+        assert!(plan.splits_tail() && plan.split_parts == 2);
+        let w = ExpertWeights::random_codes(rows.len(), n, k, 1);
+        let transformed =
+            crate::transform_weights(Mma::Bf16, &w.w, &w.w_sf, rows.len(), n, k).unwrap();
+        let weights = DeviceWeights::upload(&gpu, &transformed).unwrap();
+        let pool = ActPool::random(Recipe::G128, &rows, k, 2);
+        let act = gpu.upload(&pool.device_image(Mma::Bf16, 0).0).unwrap();
+        let offsets = gpu.upload(&pool.expert_offset).unwrap();
+        let counts = gpu.upload(&pool.expert_rows).unwrap();
+        let device_pool = Pool {
+            act: DeviceBytes::of(&gpu, &act),
+            act_sf: None,
+            sf_stride: 0,
+            rows: pool.rows,
+            expert_offset: &pool.expert_offset,
+            expert_rows: &pool.expert_rows,
+            expert_offset_dev: offsets.slice(..),
+            expert_rows_dev: counts.slice(..),
+        };
+        let mut out = gpu.alloc_zeros::<u16>(pool.rows * n).unwrap();
+        let mut core = GemmCore::new(&gpu, &jit, plan).unwrap();
+        // Past the whole items, one ticket per split item draws its later part (part 1), the next
+        // round its head: starting at whole + split = every item's count, only heads are drawn.
+        let items = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / TILE_ROWS);
+        gpu.upload_into(&[items as u32, 0][..], &mut core.tickets)
+            .unwrap();
+        let started = std::time::Instant::now();
+        core.run(&gpu, &weights, &device_pool, &mut out).unwrap();
+        gpu.synchronize().unwrap();
+        let err = core.check_error(&gpu).expect_err("the heads' wait gave up");
+        eprintln!("after {:?}: {err}", started.elapsed());
+        let GemmError::Wait(barriers::BarrierError::LocalTimeout {
+            wait: barriers::LocalWait::SplitTailHandOver,
+            waited_ns,
+            ..
+        }) = err
+        else {
+            panic!("not a split-tail timeout: {err}");
+        };
+        assert!(waited_ns >= 4_900_000_000, "{waited_ns} ns");
+        // The launch put its tickets back: the next one runs whole, and the word stays set.
+        core.run(&gpu, &weights, &device_pool, &mut out).unwrap();
+        gpu.synchronize().unwrap();
+        assert!(core.check_error(&gpu).is_err());
+    }
+
     #[test]
     fn plans_fit_shared_memory_and_registers() {
         for mma in [Mma::Fp8, Mma::Bf16] {
