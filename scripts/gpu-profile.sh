@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Where the grouped GEMM's time goes, on a GPU machine, from a bundle made by `cargo xtask gpu-bundle`:
-# the load pipeline alone (`--probe`) at small T, and Nsight Compute's warp-state sampling per SASS
-# instruction for a few (route, T) cases. Writes under $OUT: probe.log, and per case
-# <route>.<T>.src.csv.gz (read it with scripts/ncu_stalls.py) and <route>.<T>.details.txt.
+# Nsight Compute's warp-state sampling per SASS instruction for a few (route, T) cases. Writes under
+# $OUT, per case, <route>.<T>.src.csv.gz (read it with scripts/ncu_stalls.py) and <route>.<T>.details.txt.
 #
 #   OUT=dir scripts/gpu-profile.sh ["route T [bench args]" ...]   default: "g128/fp8 8" "g128/fp8 128" "mx32/bf16 8"
-#   e.g. "g128/fp8 8192 --cluster 2"; SKIP_PROBE=1 leaves the probe out; BENCH=path profiles another
-#   build of the benchmark (a throw-away variant).
+#   e.g. "mx32/bf16 8192 --cluster 1"; BENCH=path profiles another build of the benchmark (a
+#   throw-away variant).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:-$root/gpu-out}"
@@ -19,7 +18,6 @@ ncu="$(command -v ncu || echo "$CUDA_PATH/bin/ncu")"
 cases=("$@")
 (( ${#cases[@]} )) || cases=("g128/fp8 8" "g128/fp8 128" "mx32/bf16 8")
 
-[[ -n "${SKIP_PROBE:-}" ]] || timeout 100 "$bench" --tokens 8,128 --probe >"$out/probe.log" 2>&1
 for c in "${cases[@]}"; do
   read -r route tokens extra <<<"$c"
   tag="$(echo "$route" | tr / -).$tokens$(echo "$extra" | tr -d ' -')"

@@ -8,7 +8,9 @@
 // - signals: [num_ranks] u64 in every rank's buffer at the same offset; slot s is written only by
 //   rank s, with the epoch (1, 2, 3, ...) of the barrier it entered; slot `rank` doubles as this
 //   rank's own epoch counter;
-// - error word: 0, or the first failure, encoded as the kError* constants say (decoded by the host).
+// - error word: 0, or the first failure, encoded as the kError* constants say (decoded by the host);
+//   a cross-rank barrier's timeout, or an in-kernel wait's (a kernel's own wait on another of its
+//   CTAs, e.g. the grouped GEMM's split-tail hand-over, which records into its own error word).
 #pragma once
 
 #include "symm_buffer.cuh"
@@ -28,11 +30,25 @@ constexpr u32 kErrorWaitShift = 32;
 constexpr u32 kErrorWaitUnitLog2 = 20;
 constexpr u64 kErrorWaitMax = (1ull << 20) - 1;
 
+// An in-kernel wait's timeout: kind 2, the wait (kLocalWait*) in 59..52, how long it waited in 51..32
+// as above, a detail of the wait (the split-tail hand-over: its slot) in 31..0.
+constexpr u64 kErrorKindLocalTimeout = 2;
+constexpr u32 kErrorLocalWaitShift = 52;
+constexpr u32 kLocalWaitSplitTail = 1;  // the grouped GEMM's split-tail hand-over (megamoe-kernel)
+
+__device__ __forceinline__ u64 error_wait_field(u64 waited_ns) {
+    const u64 wait = waited_ns >> kErrorWaitUnitLog2;
+    return (wait < kErrorWaitMax ? wait : kErrorWaitMax) << kErrorWaitShift;
+}
+
 __device__ __forceinline__ u64 encode_rank_timeout(u32 missing_rank, u64 epoch, u64 waited_ns) {
-    u64 wait = waited_ns >> kErrorWaitUnitLog2;
-    wait = wait < kErrorWaitMax ? wait : kErrorWaitMax;
     return (kErrorKindRankTimeout << kErrorKindShift) | (u64(missing_rank & 0xFF) << kErrorRankShift) |
-           (wait << kErrorWaitShift) | (epoch & 0xFFFFFFFFull);
+           error_wait_field(waited_ns) | (epoch & 0xFFFFFFFFull);
+}
+
+__device__ __forceinline__ u64 encode_local_timeout(u32 wait, u32 detail, u64 waited_ns) {
+    return (kErrorKindLocalTimeout << kErrorKindShift) | (u64(wait & 0xFF) << kErrorLocalWaitShift) |
+           error_wait_field(waited_ns) | detail;
 }
 
 namespace ptx {

@@ -80,10 +80,14 @@ extern "C" __global__ void grid_barrier_loop(u64* word, u32 rounds) {
     for (u32 r = 0; r < rounds; ++r) barriers::grid_barrier(word);
 }
 
-// The device's encoding of n rank timeouts, inputs[3i..3i+3] = (missing rank, epoch, waited ns).
-extern "C" __global__ void encode_rank_timeouts(const u64* inputs, u64* out, u32 n) {
+// The device's encoding of n timeouts, inputs[4i..4i+4] = (kind, a, b, waited ns): kind 1 a rank
+// timeout (a = missing rank, b = epoch), kind 2 an in-kernel wait's (a = wait, b = detail).
+extern "C" __global__ void encode_timeouts(const u64* inputs, u64* out, u32 n) {
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = barriers::encode_rank_timeout(u32(inputs[3 * i]), inputs[3 * i + 1], inputs[3 * i + 2]);
+    if (i >= n) return;
+    const u64* in = inputs + 4 * i;
+    out[i] = in[0] == barriers::kErrorKindRankTimeout ? barriers::encode_rank_timeout(u32(in[1]), in[2], in[3])
+                                                      : barriers::encode_local_timeout(u32(in[1]), u32(in[2]), in[3]);
 }
 
 struct alignas(16) V4 {

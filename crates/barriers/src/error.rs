@@ -1,18 +1,52 @@
-//! The error word: what a failed barrier leaves in the symmetric buffer, and its decoding. The bit
-//! layout is pinned against `cuda/barriers.cuh` (constants of the same names, `kError*` there).
+//! The error word: what a failed barrier leaves in the symmetric buffer, or an in-kernel wait that
+//! gave up in its kernel's own word, and its decoding. The bit layout is pinned against
+//! `cuda/barriers.cuh` (constants of the same names, `kError*` and `kLocalWait*` there).
 
 /// Bits 63..60: the kind of failure (0 = none).
 pub const ERROR_KIND_SHIFT: u32 = 60;
 /// Kind: a rank did not reach the cross-rank barrier in time.
 pub const ERROR_KIND_RANK_TIMEOUT: u64 = 1;
+/// Kind: a wait inside one kernel (on another CTA of the same grid) did not end in time.
+pub const ERROR_KIND_LOCAL_TIMEOUT: u64 = 2;
 /// Bits 59..52: the rank that was missing.
 pub const ERROR_RANK_SHIFT: u32 = 52;
+/// Bits 59..52 of a local timeout (where a rank timeout has the rank): which wait
+/// ([`LocalWait`]); bits 31..0 its detail.
+pub const ERROR_LOCAL_WAIT_SHIFT: u32 = 52;
+/// Local wait code of [`LocalWait::SplitTailHandOver`].
+pub const ERROR_LOCAL_WAIT_SPLIT_TAIL: u64 = 1;
 /// Bits 51..32: how long the barrier waited, in units of 2^[`ERROR_WAIT_UNIT_LOG2`] ns, saturating.
 pub const ERROR_WAIT_SHIFT: u32 = 32;
 /// The wait is stored in units of 2^20 ns (about 1.05 ms): the device divides with a shift.
 pub const ERROR_WAIT_UNIT_LOG2: u32 = 20;
 /// Largest stored wait (about 18 minutes).
 pub const ERROR_WAIT_MAX: u64 = (1 << 20) - 1;
+
+/// The in-kernel waits that give up into an error word, by their code in bits 59..52.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalWait {
+    /// The grouped GEMM's split-tail hand-over (megamoe-kernel's `sm90_moe_gemm.cuh`): a tile's
+    /// head waits for a later part's FP32 sums from another CTA; the detail is the hand-over slot.
+    SplitTailHandOver,
+}
+
+impl LocalWait {
+    /// The wait of code `code` (`kLocalWait*` in `cuda/barriers.cuh`).
+    pub fn from_code(code: u64) -> Option<Self> {
+        match code {
+            ERROR_LOCAL_WAIT_SPLIT_TAIL => Some(Self::SplitTailHandOver),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LocalWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::SplitTailHandOver => "the GEMM's split-tail hand-over of slot",
+        })
+    }
+}
 
 /// A barrier failure, decoded from the error word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +64,18 @@ pub enum BarrierError {
         epoch: u32,
         waited_ns: u64,
     },
+    /// An in-kernel wait gave up after `waited_ns` (a lower bound, in steps of 2^20 ns): the CTA
+    /// it waited for never delivered, so the kernel's results are void.
+    #[error(
+        "in-kernel wait timed out: {wait} {detail} gave up after {:.1} ms (a CTA it waited for never \
+         delivered; the kernel's results are void)",
+        *waited_ns as f64 / 1e6
+    )]
+    LocalTimeout {
+        wait: LocalWait,
+        detail: u32,
+        waited_ns: u64,
+    },
     #[error("the error word is {word:#018x}, which no barrier writes (another kernel's error?)")]
     Unknown { word: u64 },
 }
@@ -39,12 +85,23 @@ pub fn check_error_word(word: u64) -> Result<(), BarrierError> {
     if word == 0 {
         return Ok(());
     }
+    let waited_ns = ((word >> ERROR_WAIT_SHIFT) & ERROR_WAIT_MAX) << ERROR_WAIT_UNIT_LOG2;
     match word >> ERROR_KIND_SHIFT {
         ERROR_KIND_RANK_TIMEOUT => Err(BarrierError::Timeout {
             missing_rank: ((word >> ERROR_RANK_SHIFT) & 0xFF) as u32,
             epoch: word as u32,
-            waited_ns: ((word >> ERROR_WAIT_SHIFT) & ERROR_WAIT_MAX) << ERROR_WAIT_UNIT_LOG2,
+            waited_ns,
         }),
+        ERROR_KIND_LOCAL_TIMEOUT => {
+            match LocalWait::from_code((word >> ERROR_LOCAL_WAIT_SHIFT) & 0xFF) {
+                Some(wait) => Err(BarrierError::LocalTimeout {
+                    wait,
+                    detail: word as u32,
+                    waited_ns,
+                }),
+                None => Err(BarrierError::Unknown { word }),
+            }
+        }
         _ => Err(BarrierError::Unknown { word }),
     }
 }
@@ -59,21 +116,35 @@ mod tests {
     }
 
     #[test]
-    fn decodes_a_rank_timeout_field_by_field() {
-        let word = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
-        assert_eq!(
-            check_error_word(word),
-            Err(BarrierError::Timeout {
-                missing_rank: 71,
-                epoch: 0xDEAD_BEEF,
-                waited_ns: 5000 << 20,
-            })
-        );
-        let message = check_error_word(word).unwrap_err().to_string();
-        assert!(
-            message.contains("rank 71") && message.contains("5242.9 ms"),
-            "{message}"
-        );
+    fn decodes_each_timeout_field_by_field() {
+        let rank_timeout = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
+        let local_timeout = (2u64 << 60) | (1 << 52) | (4768 << 32) | 42;
+        for (word, decoded, in_message) in [
+            (
+                rank_timeout,
+                BarrierError::Timeout {
+                    missing_rank: 71,
+                    epoch: 0xDEAD_BEEF,
+                    waited_ns: 5000 << 20,
+                },
+                ["rank 71", "5242.9 ms"],
+            ),
+            (
+                local_timeout,
+                BarrierError::LocalTimeout {
+                    wait: LocalWait::SplitTailHandOver,
+                    detail: 42,
+                    waited_ns: 4768 << 20,
+                },
+                ["split-tail hand-over of slot 42", "4999.6 ms"],
+            ),
+        ] {
+            assert_eq!(check_error_word(word), Err(decoded));
+            let message = decoded.to_string();
+            for part in in_message {
+                assert!(message.contains(part), "{message}");
+            }
+        }
     }
 
     #[test]
@@ -93,9 +164,13 @@ mod tests {
     }
 
     #[test]
-    fn unknown_kinds_are_reported_with_the_word() {
-        for kind in [2u64, 15] {
-            let word = kind << 60 | 7;
+    fn unknown_kinds_and_waits_are_reported_with_the_word() {
+        for word in [
+            3u64 << 60 | 7,
+            15 << 60 | 7,
+            2 << 60 | 7,
+            2 << 60 | 0xFF << 52,
+        ] {
             assert_eq!(check_error_word(word), Err(BarrierError::Unknown { word }));
         }
         assert_eq!(

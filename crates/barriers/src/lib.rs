@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`CUDA_HEADER`] | `cuda/barriers.cuh`: `grid_barrier`, `rank_barrier`, `grid_rank_barrier` (include it with [`CUDA_HEADERS`]) |
 //! | [`BarrierWords`] | where the grid word, the signals and the error word sit in a symmetric buffer |
-//! | [`error`] | the error word's bit layout, [`BarrierError`] and [`check_error_word`] |
+//! | [`error`] | the error word's bit layout (cross-rank barrier and in-kernel wait timeouts), [`BarrierError`], [`LocalWait`] and [`check_error_word`] |
 //! | [`kernels`], [`testkit`] | `cuda/barriers_test.cu`: the kernels of the GPU tests and the benchmark, and their launchers |
 //!
 //! GPU tests: `tests/gpu.rs` (ignored without a GPU; the 2-GPU ones print `SKIP:` on one GPU).
@@ -22,7 +22,7 @@ use std::time::Duration;
 use cuda_rt::{Header, KernelSpec};
 use symm_mem::{MAX_RANKS, SymmLayout};
 
-pub use error::{BarrierError, check_error_word};
+pub use error::{BarrierError, LocalWait, check_error_word};
 
 /// The device header (`#include "barriers.cuh"`); it includes `symm_buffer.cuh`.
 pub const CUDA_HEADER: Header = ("barriers.cuh", include_str!("../cuda/barriers.cuh"));

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use barriers::testkit::{self, RankRun, THREADS, TestKernels, buffer_bytes};
-use barriers::{BarrierError, BarrierWords, DEFAULT_TIMEOUT, check_error_word};
+use barriers::{BarrierError, BarrierWords, DEFAULT_TIMEOUT, LocalWait, check_error_word};
 use cuda_rt::cudarc::driver::DevicePtr;
 use cuda_rt::{Gpu, LaunchConfig};
 use symm_mem::world::{is_test_rank, spawn_test_ranks};
@@ -200,17 +200,24 @@ fn grid_barrier_rounds_hold(rounds: u32) {
 fn the_device_encodes_timeouts_as_the_host_decodes() {
     let gpu = gpu(0);
     let k = kernels(&gpu);
-    let kernel = k.module().kernel("encode_rank_timeouts").unwrap();
-    let cases: [(u64, u64, u64); 4] = [
-        (1, 1, 300_000_000),
-        (71, 0x1_2345_6789, 5 << 20),
-        (255, u64::MAX, u64::MAX),
-        (0, 7, 0),
+    let kernel = k.module().kernel("encode_timeouts").unwrap();
+    // (kind, a, b, waited ns): rank timeouts (missing rank, epoch), then local ones (wait, detail).
+    let cases: [(u64, u64, u64, u64); 7] = [
+        (1, 1, 1, 300_000_000),
+        (1, 71, 0x1_2345_6789, 5 << 20),
+        (1, 255, u64::MAX, u64::MAX),
+        (1, 0, 7, 0),
+        (2, 1, 0, 5_000_000_000),
+        (2, 1, 0xFFFF_FFFF, u64::MAX),
+        (2, 1, 17, 0),
     ];
-    let inputs: Vec<u64> = cases.iter().flat_map(|&(r, e, w)| [r, e, w]).collect();
+    let inputs: Vec<u64> = cases
+        .iter()
+        .flat_map(|&(k, a, b, w)| [k, a, b, w])
+        .collect();
     let d_inputs = gpu.upload(&inputs).unwrap();
     let mut out = gpu.alloc_zeros::<u64>(cases.len()).unwrap();
-    // SAFETY: encode_rank_timeouts(inputs[3n], out[n], n).
+    // SAFETY: encode_timeouts(inputs[4n], out[n], n).
     unsafe {
         kernel
             .launch(gpu.stream(), LaunchConfig::linear(1, 32))
@@ -221,17 +228,22 @@ fn the_device_encodes_timeouts_as_the_host_decodes() {
             .unwrap();
     }
     let words = gpu.download(&out).unwrap();
-    for (&(rank, epoch, waited), &word) in cases.iter().zip(&words) {
-        let units = (waited >> 20).min(barriers::error::ERROR_WAIT_MAX);
-        assert_eq!(
-            check_error_word(word),
-            Err(BarrierError::Timeout {
-                missing_rank: rank as u32,
-                epoch: epoch as u32,
-                waited_ns: units << 20,
-            }),
-            "{word:#018x}"
-        );
+    for (&(kind, a, b, waited), &word) in cases.iter().zip(&words) {
+        let waited_ns = (waited >> 20).min(barriers::error::ERROR_WAIT_MAX) << 20;
+        let expected = if kind == 1 {
+            BarrierError::Timeout {
+                missing_rank: a as u32,
+                epoch: b as u32,
+                waited_ns,
+            }
+        } else {
+            BarrierError::LocalTimeout {
+                wait: LocalWait::SplitTailHandOver,
+                detail: b as u32,
+                waited_ns,
+            }
+        };
+        assert_eq!(check_error_word(word), Err(expected), "{word:#018x}");
     }
 }
 

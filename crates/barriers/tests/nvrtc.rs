@@ -3,7 +3,8 @@
 //! words of the MegaMoE layout are where the layout puts them.
 
 use barriers::error::{
-    ERROR_KIND_RANK_TIMEOUT, ERROR_KIND_SHIFT, ERROR_RANK_SHIFT, ERROR_WAIT_MAX, ERROR_WAIT_SHIFT,
+    ERROR_KIND_LOCAL_TIMEOUT, ERROR_KIND_RANK_TIMEOUT, ERROR_KIND_SHIFT, ERROR_LOCAL_WAIT_SHIFT,
+    ERROR_LOCAL_WAIT_SPLIT_TAIL, ERROR_RANK_SHIFT, ERROR_WAIT_MAX, ERROR_WAIT_SHIFT,
     ERROR_WAIT_UNIT_LOG2,
 };
 use barriers::{BarrierWords, CUDA_HEADER, kernels};
@@ -26,7 +27,7 @@ fn test_kernels_compile_spill_free_for_every_arch() {
             names,
             [
                 "copy16",
-                "encode_rank_timeouts",
+                "encode_timeouts",
                 "grid_barrier_loop",
                 "grid_barrier_rounds",
                 "rank_barrier_rounds"
@@ -48,6 +49,12 @@ fn header_error_constants_are_the_hosts() {
         ("u32 kErrorRankShift", u64::from(ERROR_RANK_SHIFT)),
         ("u32 kErrorWaitShift", u64::from(ERROR_WAIT_SHIFT)),
         ("u32 kErrorWaitUnitLog2", u64::from(ERROR_WAIT_UNIT_LOG2)),
+        ("u64 kErrorKindLocalTimeout", ERROR_KIND_LOCAL_TIMEOUT),
+        (
+            "u32 kErrorLocalWaitShift",
+            u64::from(ERROR_LOCAL_WAIT_SHIFT),
+        ),
+        ("u32 kLocalWaitSplitTail", ERROR_LOCAL_WAIT_SPLIT_TAIL),
     ] {
         let line = format!("constexpr {name} = {value};");
         assert!(text.contains(&line), "barriers.cuh lacks `{line}`");

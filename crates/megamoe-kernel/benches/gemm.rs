@@ -17,7 +17,7 @@
 //! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded,
 //! and every CTA's line (`cta <launch> <cta> <sm> <start> <end> <blocks>`, µs) for a closer look.
 //!
-//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-parts 1,2,4] [--narrow-tiles on,off] [--dynamic on,off] [--register-tables on,off] [--k-split 1|2|4] [--probe] [--warm-up-ms 300] [--idle-ms 0] [--hidden 7168 --inter 3072] [--trace]`
+//! `cargo bench -p megamoe-kernel --bench gemm -- [--tokens 8,128,...] [--routes g128/fp8,mx32/bf16] [--tiles auto|16,..] [--ctas 1|2] [--cluster 1,2] [--split-parts 1,2,4] [--narrow-tiles on,off] [--dynamic on,off] [--register-tables on,off] [--warm-up-ms 300] [--idle-ms 0] [--hidden 7168 --inter 3072] [--trace]`
 
 use std::time::{Duration, Instant};
 
@@ -49,18 +49,13 @@ struct Args {
     /// Tokens per tile: `auto` (the plan's choice) or a list.
     #[arg(long, default_value = "auto")]
     tiles: String,
-    /// Time the load pipeline alone (consumers skip the math; outputs are not written).
-    #[arg(long)]
-    probe: bool,
     /// CTAs per SM for every tile (default: the plan's choice).
     #[arg(long)]
     ctas: Option<usize>,
-    /// CTAs per cluster, a list to compare (default: the plan's).
+    /// CTAs per cluster on the BF16 route, a list to compare (default: the plan's; the FP8 route
+    /// has no clusters).
     #[arg(long, value_delimiter = ',')]
     cluster: Vec<usize>,
-    /// FP8 promotions per k128 block (default: the plan's).
-    #[arg(long)]
-    k_split: Option<usize>,
     /// Hidden size H (L1's K, L2's n); V4-Pro's by default. Other shapes tell per-tile from
     /// per-launch costs (e.g. `--hidden 3072 --inter 7168` swaps the layers' K).
     #[arg(long, default_value_t = 7168)]
@@ -280,10 +275,8 @@ fn main() {
         tokens,
         routes,
         tiles,
-        probe,
         ctas,
         cluster,
-        k_split,
         split_parts,
         narrow_tiles,
         dynamic,
@@ -379,17 +372,15 @@ fn main() {
                 .into_iter()
                 .filter(|bn| TOKEN_TILES.contains(bn))
                 .map(|bn| {
-                    let plan = TilePlan {
-                        probe,
-                        ..TilePlan::new(mma, bn).unwrap()
-                    };
+                    let plan = TilePlan::new(mma, bn).unwrap();
                     // First: the CTAs per SM choose the cluster.
                     let plan = ctas.map_or(plan, |ctas| plan.with_ctas_per_sm(ctas));
-                    let plan = plan.with_fold(layers[0].weights.fold);
-                    k_split.map_or(plan, |k_split| plan.with_k_split(k_split))
+                    plan.with_fold(layers[0].weights.fold)
                 })
                 .collect();
-            plans = vary(plans, &cluster, TilePlan::with_cluster);
+            if mma == Mma::Bf16 {
+                plans = vary(plans, &cluster, TilePlan::with_cluster);
+            }
             plans = vary(plans, &split_parts, TilePlan::with_split_parts);
             plans = vary(plans, &narrow_tiles, TilePlan::with_narrow_tiles);
             plans = vary(plans, &dynamic, TilePlan::with_dynamic);
@@ -428,6 +419,9 @@ fn main() {
                     runs.iter_mut().map(|f| f as &mut dyn FnMut()).collect();
                 times.push(time_interleaved(&gpu, warm_up, idle, &mut fs));
                 drop(runs);
+                for core in &cores {
+                    core.check_error(&gpu).unwrap();
+                }
                 if trace {
                     // Right after the timing: the GPU in the same (sustained) state.
                     for core in cores.iter_mut() {

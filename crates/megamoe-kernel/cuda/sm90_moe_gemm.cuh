@@ -14,11 +14,14 @@
 // Warp roles: warpgroup 0 = producer (one thread walks the schedule, hands each unit of work to the
 // other roles as a UnitDesc in shared memory and issues TMA for every stage; FP8: one converter warp
 // turns the stage's token scales into floats), warpgroups 1 and 2 = consumers (64 weight rows each,
-// the same BN tokens). A persistent CTA walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile
-// is (expert, 128-row weight tile, BN-token block), token block minor, so CTAs working at once share
-// weight tiles through L2. With MM_CLUSTER = 2 the two CTAs of a cluster walk pairs of neighbouring
-// weight tiles of one token block in step: each loads half of the shared activation tile into both
-// (TMA multicast) and a stage is refilled once the consumers of both CTAs released it.
+// the same BN tokens). Each role is a device function of its own (Producer, ScaleConverter,
+// consumer_role with the Epilogue it is given), configured by template parameters only, so another
+// kernel can compose them; moe_gemm is the grouped GEMM's composition. A persistent CTA walks
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is (expert, 128-row weight tile, BN-token
+// block), token block minor, so CTAs working at once share weight tiles through L2. In a cluster
+// of two (kCluster, BF16 route) the two CTAs walk pairs of neighbouring weight tiles of one token
+// block in step: each loads one K half of the shared activation tile into both (TMA multicast) and
+// a stage is refilled once the consumers of both CTAs released it.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace);
 // otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn
@@ -27,7 +30,8 @@
 // A later part hands its FP32 sums to a slot (`partials`, flag `partial_ready`); the head waits
 // for them, adds them (head + part 1 + part 2 ...: a fixed order, results do not depend on timing)
 // and stores the tile. A head waits only for parts drawn before it, whose CTAs wait for nothing, and
-// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends.
+// every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends; one that
+// does not end within kSplitTailTimeoutNs records a timeout in `error` (GemmParams).
 // Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warpgroup turns its fragments into the tile's token rows of its 64 outputs in shared memory
@@ -44,7 +48,7 @@
 //   meta:  [128 rows] u32. FP8: (d_b + 8) in nibble b, base byte in bits 16..23. BF16: UE8M0 byte b = s_b
 //          (b = scale block of the k128 block).
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
-// 128-B swizzle, box {128 B, BN} (FP8 in a cluster: BN / 2 rows).
+// 128-B swizzle, box {128 B, BN}.
 // BN (tokens per tile) is 16..256: accumulators, FP8 temp sets and fragments must fit the consumers'
 // 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer).
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
@@ -90,11 +94,19 @@ struct GemmParams {
   // the last CTA to finish drawing resets them.
   u32* tickets;
   // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
-  // 1, end of warpgroup 2, k128 blocks its consumers ran (0 in the load probe) | SM << 32], times
-  // in ns of %globaltimer.
+  // 1, end of warpgroup 2, k128 blocks its consumers ran | SM << 32], times in ns of %globaltimer.
   unsigned long long* trace;
+  // The error word (barriers.cuh's format), 0 while no wait gave up: a split tail's head that waits
+  // longer than kSplitTailTimeoutNs records it here (the first one: compare-and-swap from 0) and goes
+  // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
+  // stream is synchronized; it is never reset.
+  unsigned long long* error;
 };
-static_assert(sizeof(GemmParams) == 104, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+static_assert(sizeof(GemmParams) == 112, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+
+// How long a split tail's head waits for a later part before it gives up: far beyond any launch
+// (milliseconds), short enough that a lost part fails a forward within seconds.
+constexpr unsigned long long kSplitTailTimeoutNs = 5'000'000'000ull;
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
@@ -313,38 +325,37 @@ __device__ __forceinline__ int scale_slot(int j) {
 // kRowBase (FP8): every k128 block of a weight row shares one fold base, so the promotion needs
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
 // kRegs (FP8): decode tables from the meta nibbles in registers (see decode_fp8).
-// kKSplit (FP8): promotions per k128 block (1, 2 or 4). Hopper's FP8 tensor core keeps only part
-// of FP32's precision while it accumulates, so shorter runs between promotions are more accurate.
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster>
+// kCluster: CTAs per cluster (2: BF16 route only, see the header).
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster>
 struct Consumer {
+  static_assert(!kFp8 || kCluster == 1, "clusters serve the BF16 route");
   using L = Layout<BN, kFp8, kCtas>;
+  static constexpr int kBN = BN;
+  static constexpr bool kFp8Route = kFp8;
+  static constexpr int kCtasPerSm = kCtas;
+  static constexpr int kClusterCtas = kCluster;
   // FP8 chunks: 64 tokens above 64; with two CTAs per SM (96 registers) 16. (A whole 32-token tile
   // per chunk fit once, with 6 % fewer instructions and no measured gain, v14; the split tail's
   // hand-over took those registers. 32-token chunks lose 2-6 % at 128 and 256 tokens, v40/v41.)
-  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : kKSplit == 1 ? 64 : 32;
+  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : 64;
   // FP8, one CTA per SM: 256-token tiles hold one fragment set (its 128 accumulators, a temp set
   // and the prefetched scales leave no room for a second), so a stage's decode waits for its
   // predecessor's wgmmas; they halve the decode per token, which pays at large T (perf.md v41).
   static constexpr bool kOneParity = kFp8 && kCtas == 1 && BN > 128;
   // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
-  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40;
-  // not in a cluster, whose peer bookkeeping leaves no registers for the third temp set);
+  // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
   // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
   // more there (lag 1 without it: -4 %, v41c; with it at 232 registers: -2 %, v45).
-  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 && kCluster == 1 ? 2 : 1;
+  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
   static constexpr int kTempSets = kLag + 1;
   // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
-  // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is token sub-tile
-  // h / kKSplit (kNsub tokens from (h / kKSplit) kNsub, the last one narrower when kN is not a
-  // multiple), k part h % kKSplit.
+  // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is the kNsub tokens from
+  // h kNsub (the last one narrower when kN is not a multiple), all four k32 steps of the stage.
   template <int kN>
   struct Active {
-    static constexpr int kChunks = (kN + kNsub - 1) / kNsub * kKSplit;
-    __host__ __device__ static constexpr int width(int h) {
-      return kN - h / kKSplit * kNsub < kNsub ? kN - h / kKSplit * kNsub : kNsub;
-    }
+    static constexpr int kChunks = (kN + kNsub - 1) / kNsub;
+    __host__ __device__ static constexpr int width(int h) { return kN - h * kNsub < kNsub ? kN - h * kNsub : kNsub; }
   };
-  static constexpr int kStepsPerChunk = 4 / kKSplit;  // k32 steps
   // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
   // x 4); its two halves alternate between the parities.
   static constexpr int kAregs = 16;
@@ -439,16 +450,6 @@ struct Consumer {
       mbar_arrive(empty(held[P]));
     }
   }
-  // Consumes the next stage without math (the benchmark's load probe), in step with the converter
-  // warp, which must not be lapped.
-  __device__ __forceinline__ void skip_stage() {
-    mbar_wait(full(stage), phase);
-    if constexpr (kFp8) mbar_wait(scales_ready(stage), phase);
-    held[0] = stage;
-    release<0>();
-    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-  }
-
   // Epilogue of FP8 one-CTA tiles: the warpgroup writes its 64 outputs of the tile's BN tokens as
   // BF16 token rows into its own buffer (128-byte rows in the TMA's 128-byte swizzle: 16-byte chunk
   // c of row r at c ^ (r % 8), so each stmatrix.trans row group hits all 32 banks), and one thread
@@ -530,12 +531,25 @@ struct Consumer {
   // Split tail: waits until a later part of the tile whose head this warp is about to compute has
   // been handed over in `slot`. The part was drawn a round of tickets earlier or more, so the wait is
   // normally over at once; it ends because the part's CTA waits for nothing and every CTA of the grid is
-  // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. (No timeout
-  // and trap: the trap's path made ptxas spill the main loop, as did a wait loop after it, where
-  // the accumulators are live.)
-  __device__ __forceinline__ void wait_partial(u32* ready, int slot) const {
+  // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. Should it not
+  // (a lost part), it gives up after kSplitTailTimeoutNs, records a timeout in `error` and goes on
+  // with the tile's sums void: no trap, whose path makes ptxas spill the main loop. The wait runs
+  // before the main loop, where no accumulator is live, and keeps its clock in one register (32-bit
+  // steps of the error word's 2^20 ns, read every poll): with a 64-bit start and a poll count as
+  // well, ptxas serialized the FP8 two-CTA wgmmas (C7511).
+  __device__ __forceinline__ void wait_partial(u32* ready, unsigned long long* error, int slot) const {
+    constexpr u32 kUnit = barriers::kErrorWaitUnitLog2;
     u32* flag = ready + slot * 8 + consumer_warp();
+    const u32 start = (u32)(barriers::ptx::globaltimer() >> kUnit);
     while (!__any_sync(0xffffffffu, ld_acquire_gpu(flag) != 0)) {
+      const u32 waited = (u32)(barriers::ptx::globaltimer() >> kUnit) - start;
+      if (__any_sync(0xffffffffu, waited > (u32)(kSplitTailTimeoutNs >> kUnit))) {
+        if (lane == 0) {
+          const u64 word = barriers::encode_local_timeout(barriers::kLocalWaitSplitTail, (u32)slot, (u64)waited << kUnit);
+          barriers::ptx::atom_cas_relaxed_gpu(error, 0, word);
+        }
+        break;
+      }
     }
     if (lane == 0) *flag = 0;  // ready for the next launch
   }
@@ -560,11 +574,9 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
     wg_fence();
-    constexpr int first = (h % kKSplit) * kStepsPerChunk;
-    const u64 desc = act_desc(held[P]) + (h / kKSplit) * kNsub * 8;
+    const u64 desc = act_desc(held[P]) + h * kNsub * 8;
 #pragma unroll
-    for (int j = 0; j < kStepsPerChunk; ++j)
-      mma_fp8_rs<kW>(tmp[B], &a[P][4 * (first + j)], desc + 2 * (first + j), j > 0);
+    for (int j = 0; j < 4; ++j) mma_fp8_rs<kW>(tmp[B], &a[P][4 * j], desc + 2 * j, j > 0);
     wg_commit();
   }
 
@@ -580,7 +592,7 @@ struct Consumer {
   __device__ __forceinline__ void chunk_scales(float2* sc) const {
     constexpr int kPairs = Active<kN>::width(h) / 8;
     if constexpr (kQuadScales) {
-      const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub + 4 * t;  // chunks start on 16 columns
+      const float* sf = stage_sf(held[P]) + h * kNsub + 4 * t;  // chunks start on 16 columns
 #pragma unroll
       for (int g = 0; g < kPairs / 2; ++g) {
         const float4 v = *(const float4*)(sf + 16 * g);
@@ -589,7 +601,7 @@ struct Consumer {
       }
       if constexpr (kPairs % 2 == 1) sc[kPairs - 1] = *(const float2*)(sf + 16 * (kPairs / 2));
     } else {
-      const float* sf = stage_sf(held[P]) + (h / kKSplit) * kNsub + 2 * t;
+      const float* sf = stage_sf(held[P]) + h * kNsub + 2 * t;
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) sc[q] = *(const float2*)(sf + 8 * q);
     }
@@ -605,7 +617,7 @@ struct Consumer {
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
     for (int q = 0; q < kW / 8; ++q) {
-      float* out = acc + (h / kKSplit) * (kNsub / 2) + 4 * q;
+      float* out = acc + h * (kNsub / 2) + 4 * q;
       if constexpr (kRowBase) {
         out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x, out[0]);
         out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y, out[1]);
@@ -722,9 +734,224 @@ struct Consumer {
   }
 };
 
-// ---------------------------------------------------------------- the kernel
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kKSplit, int kCluster, bool kNarrowTiles,
+// ---------------------------------------------------------------- producer role
+// Warpgroup 0. Warp 0 counts the launch's items (split tail only); then its thread 0 alone walks
+// this CTA's units (TileWalker), hands each to the converter warp and the consumers as a UnitDesc
+// and issues every stage's loads: the activation tile by TMA (in a cluster of two, one K half into
+// both CTAs by multicast), the FP8 token scales and the weight tile by bulk copy. Its last stage
+// completes without data and carries the end mark.
+template <int BN, bool kFp8, int kCtas, int kCluster, bool kSplitTail>
+struct Producer {
+  using L = Layout<BN, kFp8, kCtas>;
+
+  // Warp 0 (lane: of the whole warp), before its thread 0 runs: every item of the launch, for the
+  // split tail, into shared memory (the producer thread has no registers to keep it).
+  __device__ __forceinline__ static void count_launch_items(const GemmParams& p, u8* smem, int lane) {
+    const int items = kSplitTail && p.split_parts > 1 ? count_items<kCluster>(p, BN, lane) : 0;
+    if (lane == 0) *(int*)(smem + L::kItemsAt) = items;
+  }
+
+  // Thread 0 of warpgroup 0; `rank` in the cluster.
+  __device__ __forceinline__ static void run(const GemmParams& p, const void* act_map, u8* smem, u32 rank) {
+    u64* full = (u64*)(smem + L::kFullAt);
+    u64* empty = (u64*)(smem + L::kEmptyAt);
+    UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
+    if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
+    prefetch_tensormap(act_map);
+    TileWalker<kCluster, BN, kSplitTail> walker(p, (const int*)(smem + L::kItemsAt));
+    int stage = 0, slot = 0;
+    u32 phase = 0;
+    WorkUnit u;
+    for (int n = 0; walker.unit(n, rank, u); ++n) {
+      const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
+      const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
+      // The unit's descriptor goes out before the arrive that completes its first stage.
+      mbar_wait(&empty[stage], phase ^ 1);
+      units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
+                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, {}};
+      if (++slot == L::kUnitSlots) slot = 0;
+      const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
+      for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+        u8* dst = smem + stage * L::kStageBytes;
+        mbar_wait(&empty[stage], phase ^ 1);
+        mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
+        if constexpr (kCluster == 2) {
+          // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
+          tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
+        } else {
+          tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
+          if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
+        }
+        if constexpr (kFp8) {
+          bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
+                    &full[stage]);
+        }
+        if (!ghost) {
+          bulk_load(dst + L::kActBytes, p.w_codes + (tile_blocks + kb) * kCodeBytes, kCodeBytes, &full[stage]);
+          bulk_load(dst + L::kActBytes + kCodeBytes, p.w_meta + (tile_blocks + kb) * kTileRows, kMetaBytes,
+                    &full[stage]);
+        }
+        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+    // The end of this CTA's work: a stage that completes without data, with an end mark.
+    mbar_wait(&empty[stage], phase ^ 1);
+    units[slot].kb_range = 0;
+    mbar_arrive(&full[stage]);
+  }
+};
+
+// ---------------------------------------------------------------- converter role (FP8)
+// Warp 1 of warpgroup 0: each stage's UE8M0 token scales -> floats, once for both consumer
+// warpgroups, so the promotion reads two ready factors per LDS.64 (in scale_slot order with one
+// CTA per SM, Consumer::chunk_scales). It follows the units the producer hands out to the end mark.
+template <int BN, int kCtas>
+struct ScaleConverter {
+  using L = Layout<BN, true, kCtas>;
+
+  __device__ __forceinline__ static void run(u8* smem, int lane) {
+    u64* full = (u64*)(smem + L::kFullAt);
+    u64* scales_ready = (u64*)(smem + L::kScalesReadyAt);
+    const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
+    int stage = 0, slot = 0;
+    u32 phase = 0;
+    for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+      mbar_wait(&full[stage], phase);  // the unit's first stage, or the end mark
+      const u32 range = units[slot].kb_range;
+      if (range == 0) break;
+      for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
+        u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
+        mbar_wait(&full[stage], phase);
+        for (int i = lane; i < BN; i += 32)
+          ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
+        mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
+        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------- consumer role
+// The epilogue: what the consumers do with a finished tile (c.acc: this warpgroup's 64 weight rows
+// x BN tokens of FP32 sums, complete, the split tail's parts added). `tile` runs once per tile a
+// CTA stores, `finish` once after its last; a kernel that consumes the tiles otherwise passes
+// consumer_role its own. Bf16Out is the grouped GEMM's: BF16 out[pool row][weight row], only the
+// expert's rows (FP8 one-CTA tiles through the shared-memory box and the TMA, Consumer::store_tile;
+// otherwise the fragments directly).
+struct Bf16Out {
+  template <class C>
+  __device__ __forceinline__ static void tile(C& c, const GemmParams& p, const void* out_map, const UnitDesc& d) {
+    const int rows_left = d.rows;
+    const size_t row0 = (size_t)d.row0;
+    if constexpr (C::L::kEpilogueBytes > 0) {
+      const int col0 = d.n_col + (c.thread / 128) * 64;
+      c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
+    } else {
+      const int n0 = d.n_col + c.row_r;
+#pragma unroll
+      for (int i = 0; i < C::kBN / 2; ++i) {
+        const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
+        const int n = n0 + 8 * ((i >> 1) & 1);
+        if (col < rows_left) {
+          unsigned short b;
+          asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
+          p.out[(row0 + col) * p.n_out + n] = b;
+        }
+      }
+    }
+  }
+  // The last box is stored before the CTA's shared memory goes away.
+  template <class C>
+  __device__ __forceinline__ static void finish(C&) {
+    if constexpr (C::L::kEpilogueBytes > 0) bulk_wait<0>();
+  }
+};
+
+// One unit of a consumer warpgroup (its range, broadcast, is not the end mark): the split tail's
+// wait for a head's later parts, the main loop built for the unit's rows, the hand-over of a later
+// part or the sum of a head's, and the epilogue.
+template <class Epilogue, bool kNarrowTiles, bool kSplitTail, class C>
+__device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const void* out_map, const UnitDesc* unit,
+                                             u32 range) {
+  constexpr int BN = C::kBN;
+  // Broadcast, so that ptxas sees warp-uniform values (the loop bounds stay uniform registers).
+  const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
+  const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
+  if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
+    const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
+    for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, p.error, first + q);
+  }
+  // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
+  // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more
+  // than a multiple of 256.
+  constexpr bool kShortTail = BN == 256 && C::kCtasPerSm == 1;
+  constexpr bool kFp8 = C::kFp8Route;
+  if (kShortTail && rows <= 64) {
+    c.template mainloop<kShortTail ? 64 : BN>(blocks);
+  } else if (kShortTail && rows <= 128) {
+    c.template mainloop<kShortTail ? 128 : BN>(blocks);
+  } else if (kShortTail && kFp8 && rows <= 192) {
+    c.template mainloop<kShortTail && kFp8 ? 192 : BN>(blocks);
+  } else if (kNarrowTiles && rows <= BN / 2) {
+    c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
+  } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
+    c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
+  } else {
+    c.template mainloop<BN>(blocks);
+  }
+  const UnitDesc d = *unit;  // read again: no registers held across the main loop
+  // (Counted here: a count in the producer's 48 registers made it spill.)
+  if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
+  // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
+  // whatever its stages held (its weights are not loaded) and writes nothing: a separate
+  // path would cost the main loop its uniform descriptor arithmetic.
+  if (C::kClusterCtas > 1 && d.n_col >= p.n_out) return;
+  if constexpr (kSplitTail) {
+    if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it
+      c.store_partial(p.partials, p.partial_ready, d.slot);
+      return;
+    }
+    if ((int)(d.kb_range >> 16) < p.k / kBlockK) {  // a head: + the later parts' sums, in order
+      const int parts = min(p.split_parts, p.k / kBlockK);
+      for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
+    }
+  }
+  Epilogue::tile(c, p, out_map, d);
+}
+
+// Warpgroups 1 and 2 (thread 128 on), after setmaxnreg: every unit the producer hands out, until
+// the end mark; `rank` in the cluster.
+template <class Epilogue, int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles,
           bool kSplitTail>
+__device__ __forceinline__ void consumer_role(const GemmParams& p, const void* out_map, u8* smem, u32 rank) {
+  using L = Layout<BN, kFp8, kCtas>;
+  const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
+  Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster> c;
+  c.smem = smem;
+  c.act_desc0 = desc_k_sw128(smem_addr(smem));
+  c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
+  c.lane = threadIdx.x % 32;
+  c.t = c.lane % 4;
+  c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
+  if constexpr (kCluster == 2) c.peer = rank ^ 1;
+  for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+    mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
+    const UnitDesc* unit = units + slot;
+    const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
+    if (range == 0) break;
+    consume_unit<Epilogue, kNarrowTiles, kSplitTail>(c, p, out_map, unit, range);
+  }
+  Epilogue::finish(c);
+  if (p.trace && c.thread % 128 == 0) {
+    p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
+    if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
+  }
+}
+
+// ---------------------------------------------------------------- the kernel
+// Set-up (barriers, decode tables, the cluster's meeting), then one role per warpgroup: 0 the
+// producer thread and (FP8) the converter warp, 1 and 2 the consumers.
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail>
 __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
   using L = Layout<BN, kFp8, kCtas>;
   // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
@@ -778,172 +1005,20 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   } else {
     __syncthreads();
   }
-  UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
 
   if (wg == 0) {
-    // ============================ producer ============================
+    using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail>;
     setmaxnreg_dec<L::kProducerRegs>();
-    int* launch_items = (int*)(smem + L::kItemsAt);
-    if (threadIdx.x < 32) {
-      const int items = kSplitTail && p.split_parts > 1 ? count_items<kCluster>(p, BN, threadIdx.x) : 0;
-      if (threadIdx.x == 0) *launch_items = items;
-    }
+    if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
     if (threadIdx.x == 0) {
-      if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
-      prefetch_tensormap(act_map);
-      TileWalker<kCluster, BN, kSplitTail> walker(p, launch_items);
-      int stage = 0, slot = 0;
-      u32 phase = 0;
-      WorkUnit u;
-      for (int n = 0; walker.unit(n, rank, u); ++n) {
-        const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
-        const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
-        // The unit's descriptor goes out before the arrive that completes its first stage.
-        mbar_wait(&empty[stage], phase ^ 1);
-        units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
-                               (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, {}};
-        if (++slot == L::kUnitSlots) slot = 0;
-        const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
-        for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
-          u8* dst = smem + stage * L::kStageBytes;
-          mbar_wait(&empty[stage], phase ^ 1);
-          mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
-          if constexpr (kCluster == 2) {
-            // The activation tile is the same for both CTAs: each loads half of it into both.
-            // FP8: half the rows (the map's box is BN / 2 rows); BF16: one of the two K halves.
-            if constexpr (kFp8) {
-              tma_load_2d_multicast(dst + rank * (BN / 2) * 128, act_map, &full[stage], kb * kBlockK,
-                                    row0 + (int)rank * (BN / 2), 0x3);
-            } else {
-              tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0,
-                                    0x3);
-            }
-          } else {
-            tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
-            if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
-          }
-          if constexpr (kFp8) {
-            bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
-                      &full[stage]);
-          }
-          if (!ghost) {
-            bulk_load(dst + L::kActBytes, p.w_codes + (tile_blocks + kb) * kCodeBytes, kCodeBytes, &full[stage]);
-            bulk_load(dst + L::kActBytes + kCodeBytes, p.w_meta + (tile_blocks + kb) * kTileRows, kMetaBytes,
-                      &full[stage]);
-          }
-          if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-        }
-      }
-      // The end of this CTA's work: a stage that completes without data, with an end mark.
-      mbar_wait(&empty[stage], phase ^ 1);
-      units[slot].kb_range = 0;
-      mbar_arrive(&full[stage]);
-    } else if (kFp8 && threadIdx.x / 32 == 1) {
-      // ---- converter warp (FP8): each stage's UE8M0 token scales -> floats, once for both
-      // consumer warpgroups, so the promotion reads two ready factors per LDS.64.
-      const int lane = threadIdx.x % 32;
-      int stage = 0, slot = 0;
-      u32 phase = 0;
-      for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-        mbar_wait(&full[stage], phase);  // the unit's first stage, or the end mark
-        const u32 range = units[slot].kb_range;
-        if (range == 0) break;
-        for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
-          u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
-          mbar_wait(&full[stage], phase);
-          for (int i = lane; i < BN; i += 32)
-            ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
-          mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
-          if (++stage == L::kStages) { stage = 0; phase ^= 1; }
-        }
-      }
+      Role::run(p, act_map, smem, rank);
+    } else if constexpr (kFp8) {
+      if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
     }
   } else {
-    // ============================ consumers ============================
     setmaxnreg_inc<L::kConsumerRegs>();
-    Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kKSplit, kCluster> c;
-    c.smem = smem;
-    c.act_desc0 = desc_k_sw128(smem_addr(smem));
-    c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
-    c.lane = threadIdx.x % 32;
-    c.t = c.lane % 4;
-    c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
-    if constexpr (kCluster == 2) c.peer = rank ^ 1;
-    for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-      mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
-      const UnitDesc* unit = units + slot;
-      // Broadcast, so that ptxas sees warp-uniform values (the loop bounds stay uniform registers).
-      const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
-      if (range == 0) break;
-      const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
-      const int blocks = (int)(range >> 16) - (int)(range & 0xffff);
-      if (MM_PROBE) {  // the benchmark's load probe: stages consumed untouched
-        for (int kb = 0; kb < blocks; ++kb) c.skip_stage();
-        continue;
-      }
-      if (kSplitTail && (range & 0xffff) == 0 && (int)(range >> 16) < p.k / kBlockK) {  // a split tile's head
-        const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
-        for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, first + q);
-      }
-      // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
-      // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more
-      // than a multiple of 256.
-      constexpr bool kShortTail = BN == 256 && kCtas == 1;
-      if (kShortTail && rows <= 64) {
-        c.template mainloop<kShortTail ? 64 : BN>(blocks);
-      } else if (kShortTail && rows <= 128) {
-        c.template mainloop<kShortTail ? 128 : BN>(blocks);
-      } else if (kShortTail && kFp8 && rows <= 192) {
-        c.template mainloop<kShortTail && kFp8 ? 192 : BN>(blocks);
-      } else if (kNarrowTiles && rows <= BN / 2) {
-        c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
-      } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
-        c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
-      } else {
-        c.template mainloop<BN>(blocks);
-      }
-      const UnitDesc d = *unit;  // read again: no registers held across the main loop
-      // (Counted here: a count in the producer's 48 registers made it spill.)
-      if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
-      // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
-      // whatever its stages held (its weights are not loaded) and writes nothing: a separate
-      // path would cost the main loop its uniform descriptor arithmetic.
-      if (kCluster > 1 && d.n_col >= p.n_out) continue;
-      if constexpr (kSplitTail) {
-        if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it
-          c.store_partial(p.partials, p.partial_ready, d.slot);
-          continue;
-        }
-        if ((int)(d.kb_range >> 16) < p.k / kBlockK) {  // a head: + the later parts' sums, in order
-          const int parts = min(p.split_parts, p.k / kBlockK);
-          for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
-        }
-      }
-      // ---- epilogue: BF16 out[pool row][weight row], only this expert's rows.
-      const int rows_left = d.rows;
-      const size_t row0 = (size_t)d.row0;
-      if constexpr (L::kEpilogueBytes > 0) {
-        const int col0 = d.n_col + (c.thread / 128) * 64;
-        c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
-      } else {
-        const int n0 = d.n_col + c.row_r;
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
-          const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
-          const int n = n0 + 8 * ((i >> 1) & 1);
-          if (col < rows_left) {
-            unsigned short b;
-            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(c.acc[i]));
-            p.out[(row0 + col) * p.n_out + n] = b;
-          }
-        }
-      }
-    }
-    if constexpr (L::kEpilogueBytes > 0) bulk_wait<0>();  // the last box is stored before the buffer goes away
-    if (p.trace && c.thread % 128 == 0) {
-      p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
-      if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
-    }
+    consumer_role<Bf16Out, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem,
+                                                                                                 rank);
   }
   if constexpr (kCluster > 1) cluster_sync();
 }

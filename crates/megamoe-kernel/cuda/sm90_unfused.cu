@@ -1,5 +1,9 @@
-// sm90_unfused.cu -- JIT entry points of the unfused pipeline's glue kernels (sm90_unfused.cuh);
-// specialized with -DUF_G=<32|128> -DUF_L1_FP8_POOL=<0|1> -DUF_L2_FP8_POOL=<0|1>. Launched with mm::unfused::kThreads threads per CTA (uf_route: kRouteThreads).
+// sm90_unfused.cu -- JIT entry points of the unfused pipeline's glue kernels: each instantiates its
+// device function of sm90_unfused.cuh from the specialization's defines, -DUF_G=<32|128> (the
+// recipe's activation group), -DUF_L1_FP8_POOL=<0|1> and -DUF_L2_FP8_POOL=<0|1> (each GEMM's
+// tensor-core route), and hands it its item and work split from the grid the host launches
+// (unfused.rs, glue_grid): an item per CTA along x, its channels over the CTAs along y. Launched
+// with mm::unfused::kThreads threads per CTA (uf_route: kRouteThreads).
 #include "cuda_rt.cuh"
 #include "sm90_unfused.cuh"
 
@@ -11,44 +15,58 @@
   cuda_rt::launch_dependents(); \
   cuda_rt::wait_for_predecessor()
 
+constexpr bool kL1Fp8Pool = UF_L1_FP8_POOL != 0;
+constexpr bool kL2Fp8Pool = UF_L2_FP8_POOL != 0;
+
+// An item's channels over the grid's y CTAs: this thread among them, and how many there are.
+__device__ __forceinline__ int channel_thread() { return blockIdx.y * mm::unfused::kThreads + threadIdx.x; }
+__device__ __forceinline__ int channel_threads() { return gridDim.y * mm::unfused::kThreads; }
+
 extern "C" __global__ void __launch_bounds__(mm::unfused::kRouteThreads)
     uf_route(const __grid_constant__ mm::unfused::RouteParams p) {
   UF_CHAINED();
-  mm::unfused::route(p);
+  mm::unfused::route_expert(p, blockIdx.x);
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_dispatch(const __grid_constant__ mm::unfused::DispatchParams p) {
   UF_CHAINED();
-  mm::unfused::dispatch(p);
+  mm::unfused::dispatch_pair<UF_G, kL1Fp8Pool>(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
+// FP8 pool: a thread per row (a row's scales are a few bytes); BF16 pool: a CTA per row, as the dispatch.
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_unstage(const __grid_constant__ mm::unfused::UnstageParams p) {
   UF_CHAINED();
-  mm::unfused::unstage(p);
+  if constexpr (kL1Fp8Pool) {
+    const int row = blockIdx.x * mm::unfused::kThreads + threadIdx.x;
+    if (row < p.rows) mm::unfused::unstage_row<UF_G, true>(p, row, 0, 1);
+  } else {
+    mm::unfused::unstage_row<UF_G, false>(p, blockIdx.x, channel_thread(), channel_threads());
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads) uf_silu_table(float* table) {
-  mm::unfused::silu_table(table);
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < 65536) mm::unfused::silu_entry(table, i);
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_swiglu(const __grid_constant__ mm::unfused::SwigluParams p) {
   UF_CHAINED();
-  mm::unfused::swiglu(p);
+  mm::unfused::swiglu_row<UF_G, kL2Fp8Pool>(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_combine_send(const __grid_constant__ mm::unfused::CombineSendParams p) {
   UF_CHAINED();
-  mm::unfused::combine_send(p);
+  mm::unfused::combine_send_row(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_combine_reduce(const __grid_constant__ mm::unfused::CombineReduceParams p) {
   UF_CHAINED();
-  mm::unfused::combine_reduce(p);
+  mm::unfused::combine_reduce_token(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)

@@ -1,7 +1,14 @@
-// sm90_unfused.cuh -- the unfused MoE pipeline's glue kernels (each its own launch; the grouped GEMM
-// of sm90_moe_gemm.cuh runs L1 and L2 between them):
-// Each kernel takes its rows (pairs, pool rows, tokens) along grid x and may split a row's channels
-// over grid y (first_channel / channel_stride) when there are too few rows to fill the GPU.
+// sm90_unfused.cuh -- the device functions of the unfused MoE pipeline's glue kernels (each its own
+// launch, sm90_unfused.cu; the grouped GEMM of sm90_moe_gemm.cuh runs L1 and L2 between them).
+// Each function does one work item (an expert, pair, pool row or token), named by its caller, with
+// the item's channels split over `threads` threads of which the caller is `thread`: the kernels
+// pass their grid's shape (an item per CTA along x, channels over the CTAs along y when there are
+// too few items to fill the GPU); a kernel with other roles walks its items itself (e.g. `for (row
+// = first; row < rows; row += stride) swiglu_row<G, kFp8Pool>(p, row, lane, 32)`). A loop over
+// items inside them costs the grid's kernels registers: ptxas hoists the channel loops' trip counts
+// out of it, and the dispatch then needs 48 registers where the host sizes its grids for 16 CTAs of
+// 128 threads per SM, 32 registers each. Nothing here reads blockIdx or gridDim, and configuration
+// comes as template parameters only.
 //   uf_route           one CTA per global expert: the destination pool row of each of this rank's
 //                      pairs of that expert, consecutive in (token, slot) order from the first row
 //                      the owner's plan gives this rank (the host's plan is O(ranks x experts); the
@@ -26,19 +33,15 @@
 //   uf_rank_barrier    one CTA: the ranks meet after the stages that write into peers (barriers.cuh's
 //                      rank_barrier over the pipeline's signals), so a forward is one stream of
 //                      launches with no host round trip; a missing rank times out into the error word.
-// Specialized with -DUF_G=<32|128> (the recipe's activation group), -DUF_L1_FP8_POOL=<0|1> and
-// -DUF_L2_FP8_POOL=<0|1> (each GEMM's tensor-core route: the dispatch and the unstaging write the L1
-// pool, the SwiGLU the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
+// Template parameters: G (32|128, the recipe's activation group) and kFp8Pool, the format of the pool
+// a function writes (each GEMM's tensor-core route: the dispatch and the unstaging write the L1 pool,
+// the SwiGLU the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
 // (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the
 // GEMM's pool channel order (pool_order.cuh).
 #pragma once
 #include "barriers.cuh"
 #include "fp_formats.cuh"
 #include "pool_order.cuh"
-
-#if (UF_L1_FP8_POOL || UF_L2_FP8_POOL) && UF_G != 128
-#error "the FP8 pool carries one scale per 128 channels"
-#endif
 
 namespace mm {
 namespace unfused {
@@ -154,24 +157,24 @@ __device__ __forceinline__ u32 widen2(u32 codes, float scale) {
   return r;
 }
 
-// A row's channels may be split over gridDim.y CTAs (the host splits when there are few rows, so
-// that the GPU fills up); each thread takes `per` consecutive channels at a time.
-__device__ __forceinline__ int first_channel(int per) { return (blockIdx.y * kThreads + threadIdx.x) * per; }
-__device__ __forceinline__ int channel_stride(int per) { return gridDim.y * kThreads * per; }
+// An FP8 pool carries one scale per 128 channels.
+template <int G, bool kFp8Pool>
+constexpr bool kPoolFitsGroup = !kFp8Pool || G == 128;
 
-#if !UF_L1_FP8_POOL
 // One E4M3 row (canonical order) and its H/G scales -> the BF16 pool row in pool order, widened
 // with each word's own scale (G is 32 or 128): per 16 pool-order channels four canonical 4-byte
-// words, one of each scale block of the 128-channel block, and two 16-byte stores.
-__device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* dst, int h) {
-  for (int c = first_channel(16); c < h; c += channel_stride(16)) {
+// words, one of each scale block of the 128-channel block, and two 16-byte stores. Thread `thread`
+// of `threads` takes 16 channels at a time.
+template <int G>
+__device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* dst, int h, int thread, int threads) {
+  for (int c = thread * 16; c < h; c += threads * 16) {
     const int block = c & ~127;
     u32 lo[4], hi[4];
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const int from = block + pool_order::unit_source_byte((c & 127) / 16, b);
       const u32 q = *reinterpret_cast<const u32*>(src + from);
-      const float scale = fp::ue8m0_decode(src_sf[from / UF_G]);
+      const float scale = fp::ue8m0_decode(src_sf[from / G]);
       lo[b] = widen2(q, scale);
       hi[b] = widen2(q >> 16, scale);
     }
@@ -179,18 +182,18 @@ __device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* 
     *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
   }
 }
-#endif
 
-// uf_route: kRouteThreads threads take kRoutePerThread consecutive pairs each per round; a block-wide
-// exclusive scan of each thread's matches gives every pair of expert e its rank in (token, slot)
-// order. Every CTA reads all pairs (E x 4 bytes x T x k from L2: 9 MB for V4-Pro at T = 8192, one
-// rank), in rounds of 8192 pairs. CTA 0 also marks the masked pairs.
+// uf_route: global expert e, by all kRouteThreads threads of one CTA (it meets with __syncthreads):
+// they take kRoutePerThread consecutive pairs each per round; a block-wide exclusive scan of each
+// thread's matches gives every pair of expert e its rank in (token, slot) order. Every expert reads
+// all pairs (E x 4 bytes x T x k from L2: 9 MB for V4-Pro at T = 8192, one rank), in rounds of 8192
+// pairs. Expert 0 also marks the masked pairs.
 constexpr int kRouteThreads = 512;
 constexpr int kRoutePerThread = 16;
-__device__ __forceinline__ void route(const RouteParams& p) {
+__device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
   constexpr int kWarps = kRouteThreads / 32;
   __shared__ int warp_matches[kWarps];
-  const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // This rank's own expert: its padding rows (up to the next multiple of 16, as the plan pads).
   if (e / p.experts_per_rank == p.rank && threadIdx.x < 16) {
     const int el = e % p.experts_per_rank;
@@ -252,43 +255,45 @@ __device__ __forceinline__ void route(const RouteParams& p) {
   }
 }
 
-__device__ __forceinline__ void dispatch(const DispatchParams& p) {
-  const int pair = blockIdx.x;
+// uf_dispatch: pair `pair` of this rank's T x k (token-major); its channels over `threads` threads
+// (this one is `thread`), its RowMeta from thread 0.
+template <int G, bool kFp8Pool>
+__device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair, int thread, int threads) {
+  static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
   const int row = p.route[pair];
   if (row < 0) return;
   const int t = pair / p.top_k, j = pair - t * p.top_k;
   const int owner = p.topk_idx[pair] / p.experts_per_rank;
   const int h = p.hidden;
   const u8* src = p.x + (size_t)t * h;
-  const u8* src_sf = p.x_sf + (size_t)t * (h / UF_G);
+  const u8* src_sf = p.x_sf + (size_t)t * (h / G);
   // Each thread moves the 16 pool-order channels at c: four canonical 4-byte words, one of each
   // scale block of the 128-channel block (four 4-byte loads, 16-byte stores to the owner).
-#if UF_L1_FP8_POOL
-  u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
-  for (int c = first_channel(16); c < h; c += channel_stride(16)) {
-    const u8* block = src + (c & ~127);
-    u32 w[4];
+  if constexpr (kFp8Pool) {
+    u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
+    for (int c = thread * 16; c < h; c += threads * 16) {
+      const u8* block = src + (c & ~127);
+      u32 w[4];
 #pragma unroll
-    for (int b = 0; b < 4; ++b) w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
-    *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-  // The scales: into the table ([kb][row]), or staged side by side ([row][kb]).
-  const bool in_table = !p.staged || owner == p.rank;
-  u8* sf = in_table ? reinterpret_cast<u8*>(p.pool_sf[owner]) + row
-                    : reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
-  const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
-  for (int kb = first_channel(1); kb < h / 128; kb += channel_stride(1)) sf[kb * kb_stride] = src_sf[kb];
-#else
-  if (!p.staged || owner == p.rank) {
-    widen_row(src, src_sf, reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h, h);
+      for (int b = 0; b < 4; ++b)
+        w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
+      *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    // The scales: into the table ([kb][row]), or staged side by side ([row][kb]).
+    const bool in_table = !p.staged || owner == p.rank;
+    u8* sf = in_table ? reinterpret_cast<u8*>(p.pool_sf[owner]) + row
+                      : reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
+    for (int kb = thread; kb < h / 128; kb += threads) sf[kb * kb_stride] = src_sf[kb];
+  } else if (!p.staged || owner == p.rank) {
+    widen_row<G>(src, src_sf, reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h, h, thread, threads);
   } else {
     u8* dst = reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
-    for (int c = first_channel(16); c < h; c += channel_stride(16))
+    for (int c = thread * 16; c < h; c += threads * 16)
       *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-    for (int g = first_channel(1); g < h / UF_G; g += channel_stride(1)) dst[h + g] = src_sf[g];
+    for (int g = thread; g < h / G; g += threads) dst[h + g] = src_sf[g];
   }
-#endif
-  if (blockIdx.y == 0 && threadIdx.x == 0) {
+  if (thread == 0) {
     RowMeta m;
     m.rank = p.rank;
     m.token = t;
@@ -298,31 +303,29 @@ __device__ __forceinline__ void dispatch(const DispatchParams& p) {
   }
 }
 
-// FP8 pool: one thread per row, its scales (16-byte loads) to [kb][row]: a warp stores 32
-// consecutive bytes per kb. BF16 pool: a CTA per row (channels over grid y), widened as the
-// dispatch would have. Padding rows and this rank's own rows (written in place) stay.
-__device__ __forceinline__ void unstage(const UnstageParams& p) {
-#if UF_L1_FP8_POOL
-  const int row = blockIdx.x * kThreads + threadIdx.x;
-#else
-  const int row = blockIdx.x;
-#endif
-  if (row >= p.rows) return;
+// uf_unstage: pool row `row` (< rows); its work over `threads` threads (this one is `thread`). FP8
+// pool: the row's scales (16 at a time, a 16-byte load) to [kb][row]; the kernel gives each row one
+// thread, so a warp stores 32 consecutive bytes per kb. BF16 pool: the row widened as the dispatch
+// would have, 16 channels per thread at a time. Padding rows and this rank's own rows (written in
+// place) stay.
+template <int G, bool kFp8Pool>
+__device__ __forceinline__ void unstage_row(const UnstageParams& p, int row, int thread, int threads) {
+  static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
   const RowMeta m = p.meta[row];
   if (m.token < 0 || m.rank == p.rank) return;
   const u8* staged = p.staged + (size_t)row * p.staged_row_bytes;
-#if UF_L1_FP8_POOL
-  const int k_blocks = p.hidden / 128;
-  for (int k0 = 0; k0 < k_blocks; k0 += 16) {
-    const uint4 v = reinterpret_cast<const uint4*>(staged)[k0 / 16];
-    const u32 w[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (kFp8Pool) {
+    const int k_blocks = p.hidden / 128;
+    for (int k0 = thread * 16; k0 < k_blocks; k0 += threads * 16) {
+      const uint4 v = reinterpret_cast<const uint4*>(staged)[k0 / 16];
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (k0 + i < k_blocks) p.sf[(size_t)(k0 + i) * p.sf_stride + row] = (u8)(w[i / 4] >> (8 * (i % 4)));
+      for (int i = 0; i < 16; ++i)
+        if (k0 + i < k_blocks) p.sf[(size_t)(k0 + i) * p.sf_stride + row] = (u8)(w[i / 4] >> (8 * (i % 4)));
+    }
+  } else {
+    widen_row<G>(staged, staged + p.hidden, p.pool + (size_t)row * p.hidden, p.hidden, thread, threads);
   }
-#else
-  widen_row(staged, staged + p.hidden, p.pool + (size_t)row * p.hidden, p.hidden);
-#endif
 }
 
 // silu(g) = g / (1 + exp(-g)) in f32 as the host computes it: IEEE division, exp rounded from double
@@ -334,27 +337,28 @@ __device__ __forceinline__ float silu_exact(float g) {
 
 // silu of every BF16 value (index = its bits), built once per pipeline: the gates are BF16, so
 // SwiGLU looks silu up instead of paying a double-precision exp per element (FP64 is 1/2 rate).
-__device__ __forceinline__ void silu_table(float* table) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < 65536) table[i] = silu_exact(bf16_to_f32((u16)i));
-}
+// Entry i < 65536.
+__device__ __forceinline__ void silu_entry(float* table, int i) { table[i] = silu_exact(bf16_to_f32((u16)i)); }
 
-// Steps 2-3 of the contract for one pool row. Each lane takes 4 consecutive channels (one 8-byte load
-// of gate and one of up), G/4 lanes make one group of G channels: h in f32 as the host computes it
-// (silu_exact from the table, products in the contract's order, no FMA contraction), then the
-// re-quantizer of fp_formats.cuh's requantize_group<G> with the amax reduced over the group's lanes
-// (fmaxf is exact and order free, so the bits are the same).
-__device__ __forceinline__ void swiglu(const SwigluParams& p) {
-  constexpr int kPer = 4;                     // channels per lane
-  constexpr int kLanesPerGroup = UF_G / kPer;  // 8 (G = 32) or 32 (G = 128)
-  const int row = blockIdx.x;
+// uf_swiglu: steps 2-3 of the contract for pool row `row` (< rows); its channels over `threads`
+// threads (a multiple of 32, thread % 32 its lane; this one is `thread`).
+// Each lane takes 4 consecutive channels at a time (one 8-byte load of gate and one of up), G/4 lanes
+// make one group of G channels: h in f32 as the host computes it (silu_exact from the table,
+// products in the contract's order, no FMA contraction), then the re-quantizer of fp_formats.cuh's
+// requantize_group<G> with the amax reduced over the group's lanes (fmaxf is exact and order free,
+// so the bits are the same). kFp8Pool: the L2 pool's format.
+template <int G, bool kFp8Pool>
+__device__ __forceinline__ void swiglu_row(const SwigluParams& p, int row, int thread, int threads) {
+  static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
+  constexpr int kPer = 4;                  // channels per lane
+  constexpr int kLanesPerGroup = G / kPer;  // 8 (G = 32) or 32 (G = 128)
   const RowMeta m = p.meta[row];
   if (m.token < 0) return;
   const int inter = p.inter;
   const u16* gate = p.l1_out + (size_t)row * 2 * inter;
   const u16* up = gate + inter;
   // I is a multiple of 128, so every warp's 128 channels are all in range or all out.
-  for (int c0 = first_channel(kPer); c0 < inter; c0 += channel_stride(kPer)) {
+  for (int c0 = thread * kPer; c0 < inter; c0 += threads * kPer) {
     const uint2 gv = *reinterpret_cast<const uint2*>(gate + c0);
     const uint2 uv = *reinterpret_cast<const uint2*>(up + c0);
     const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
@@ -377,39 +381,42 @@ __device__ __forceinline__ void swiglu(const SwigluParams& p) {
     for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
     const float inv = fp::pow2(127 - (int)biased);
-#if UF_L2_FP8_POOL
-    u32 word = 0;
+    if constexpr (kFp8Pool) {
+      u32 word = 0;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
-    const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
-    *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
-    if (threadIdx.x % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / UF_G) * p.sf_stride + row] = (u8)biased;
-#else
-    const float scale = fp::pow2((int)biased - 127);
-    u32 out[2];
+      for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
+      const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
+      *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
+      if (thread % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / G) * p.sf_stride + row] = (u8)biased;
+    } else {
+      const float scale = fp::pow2((int)biased - 127);
+      u32 out[2];
 #pragma unroll
-    for (int i = 0; i < kPer; i += 2)
-      out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
-    u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
+      for (int i = 0; i < kPer; i += 2)
+        out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
+      u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
-#endif
+      for (int i = 0; i < 2; ++i)
+        *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
+    }
   }
 }
 
-__device__ __forceinline__ void combine_send(const CombineSendParams& p) {
-  const int row = blockIdx.x;
+// uf_combine_send: pool row `row` (< rows), if it holds another rank's token; its channels over
+// `threads` threads (this one is `thread`), 8 at a time.
+__device__ __forceinline__ void combine_send_row(const CombineSendParams& p, int row, int thread, int threads) {
   const RowMeta m = p.meta[row];
   if (m.token < 0 || m.rank == p.rank) return;
   const u16* src = p.l2_out + (size_t)row * p.hidden;
   u16* dst = reinterpret_cast<u16*>(p.combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
-  for (int c = first_channel(8); c < p.hidden; c += channel_stride(8))
+  for (int c = thread * 8; c < p.hidden; c += threads * 8)
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
 
-__device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
-  const int t = blockIdx.x;
-  for (int c = first_channel(8); c < p.hidden; c += channel_stride(8)) {
+// uf_combine_reduce: token t (< tokens); its channels over `threads` threads (this one is
+// `thread`), 8 at a time.
+__device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& p, int t, int thread, int threads) {
+  for (int c = thread * 8; c < p.hidden; c += threads * 8) {
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
@@ -435,9 +442,10 @@ __device__ __forceinline__ void combine_reduce(const CombineReduceParams& p) {
   }
 }
 
-// Every write of the stages before it, on any rank, is visible to every stage after it on every rank.
-// The stages before ran in earlier launches of this stream: the fence publishes their peer writes at
-// system scope before this rank's signals go out (rank_barrier's release stores are per thread).
+// uf_rank_barrier, all threads of one CTA: every write of the stages before it, on any rank, is
+// visible to every stage after it on every rank. The stages before ran in earlier launches of this
+// stream: the fence publishes their peer writes at system scope before this rank's signals go out
+// (rank_barrier's release stores are per thread).
 __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
   if (threadIdx.x == 0) barriers::ptx::fence_acq_rel_sys();
   __syncthreads();

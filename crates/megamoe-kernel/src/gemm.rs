@@ -176,10 +176,6 @@ const TWO_CTAS: [(Mma, usize); 4] = [
     (Mma::Bf16, 16),
     (Mma::Bf16, 32),
 ];
-/// FP8 promotions per k128 block by default. 2026-11-30, H200: two per k128 cost 24 % at T = 8192
-/// and did not bring the pipeline's g128 result closer to the contract (calc_diff 1.1–2.7e-5 on V4
-/// shapes either way; the error is the FP8 tensor core's short accumulator within each wgmma).
-const DEFAULT_K_SPLIT: usize = 1;
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
 /// Shared memory where the epilogue gathers a tile's outputs as BF16 token rows for the TMA to
@@ -216,6 +212,9 @@ pub enum GemmError {
     NoResidentCluster { spec: String },
     #[error("{spec} needs its CTAs resident at once, but only {resident} fit per SM")]
     NotResident { spec: String, resident: u32 },
+    /// A wait inside a launch gave up (`GemmCore::check_error`): that launch's output is void.
+    #[error("a GEMM launch's wait gave up: {0}")]
+    Wait(#[from] barriers::BarrierError),
 }
 
 /// The shared-memory plan of one specialization; mirrors `Layout<BN, kFp8, kCtas>` in the kernel, which
@@ -232,16 +231,11 @@ pub struct TilePlan {
     /// and decode tables in registers. Without those, a base per k128 block and tables in shared
     /// memory, which also cover offsets below -5.
     pub fold: Fold,
-    /// FP8: promotions into the FP32 accumulators per k128 block (1, 2 or 4). The FP8 tensor core
-    /// accumulates with less than FP32's precision, so more promotions track the contract's sum
-    /// more closely, at the cost of more promotion work.
-    pub k_split: usize,
-    /// CTAs per thread-block cluster (1 or 2). Two CTAs on neighbouring weight tiles of the same
-    /// token block load half of the shared activation tile each and multicast it to both, halving
-    /// the activation traffic into the SMs (2026-11-30, H200: with half the activation loads
-    /// skipped, FP8 T = 8192 ran 12 % faster). Measured with the multicast: the BF16 route's
-    /// one-CTA tiles 4–6 % faster (its default); FP8 128-token tiles within 1 % (the two CTAs'
-    /// rings move in lockstep, which eats the saving), so FP8 stays at one.
+    /// CTAs per thread-block cluster (1, or 2 on the BF16 route). Two CTAs on neighbouring weight
+    /// tiles of the same token block load one K half of the shared activation tile each and
+    /// multicast it to both, halving the activation traffic into the SMs: the BF16 route's one-CTA
+    /// tiles run 4–6 % faster (2026-11-30, H200; its default). FP8 128-token tiles measured within
+    /// 1 % (the two CTAs' rings move in lockstep, which eats the saving), so FP8 has none.
     pub cluster: usize,
     /// Split tail (with the dynamic schedule; the kernel's header says how): the last items of a
     /// launch, one per CTA at most, are drawn in this many parts of their K (1: not split, at
@@ -266,9 +260,6 @@ pub struct TilePlan {
     /// weights. Off for the two-CTA tiles: with register tables ptxas serialized their wgmmas
     /// (C7511: not enough registers for the wgmma pipeline at 96 per consumer thread, perf.md v30).
     pub register_tables: bool,
-    /// Benchmark probe: the consumers skip the math, so a run times the load pipeline alone
-    /// (the output is not written).
-    pub probe: bool,
 }
 
 impl TilePlan {
@@ -298,7 +289,6 @@ impl TilePlan {
             stage_bytes,
             ctas_per_sm: 0,
             fold: Fold::default(),
-            k_split: DEFAULT_K_SPLIT,
             cluster: 1,
             // Measured (perf.md v29): halves gain ≈ 0.7 % with 32-token tiles (T = 128) and cost
             // 2 % with 16-token ones (T = 8), whose CTAs draw few tiles' worth of blocks.
@@ -306,7 +296,6 @@ impl TilePlan {
             dynamic: true,
             narrow_tiles: !(mma == Mma::Fp8 && tokens_per_tile == 16),
             register_tables: !TWO_CTAS.contains(&(mma, tokens_per_tile)),
-            probe: false,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
             row_base: true,
@@ -337,9 +326,13 @@ impl TilePlan {
         }
     }
 
-    /// The same tile with `cluster` (1 or 2) CTAs per cluster.
+    /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route).
     pub fn with_cluster(self, cluster: usize) -> Self {
-        assert!(matches!(cluster, 1 | 2), "cluster of {cluster}");
+        assert!(
+            cluster == 1 || (cluster == 2 && self.mma == Mma::Bf16),
+            "cluster of {cluster} on the {} route",
+            self.mma
+        );
         Self { cluster, ..self }
     }
 
@@ -397,12 +390,6 @@ impl TilePlan {
         self.narrow_tiles && self.ctas_per_sm == 2
     }
 
-    /// The same tile with `k_split` promotions per k128 block (FP8).
-    pub fn with_k_split(self, k_split: usize) -> Self {
-        assert!(matches!(k_split, 1 | 2 | 4), "k_split {k_split}");
-        Self { k_split, ..self }
-    }
-
     /// The same tile for weights folded as `fold` (the BF16 route has no fold).
     pub fn with_fold(self, fold: Fold) -> Self {
         Self {
@@ -431,7 +418,7 @@ impl TilePlan {
     pub fn spec(&self) -> KernelSpec {
         KernelSpec::new(
             format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}{}{}",
+                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}",
                 self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
@@ -448,12 +435,6 @@ impl TilePlan {
                 },
                 if self.narrows_tiles() { "/narrow" } else { "" },
                 if self.splits_tail() { "/split" } else { "" },
-                if self.mma == Mma::Fp8 {
-                    format!("/k{}", 128 / self.k_split)
-                } else {
-                    String::new()
-                },
-                if self.probe { "/probe" } else { "" }
             ),
             crate::GEMM_SOURCE,
         )
@@ -467,16 +448,7 @@ impl TilePlan {
         .define("MM_FOLD_REGS", u8::from(self.tables_in_registers()))
         .define("MM_NARROW", u8::from(self.narrows_tiles()))
         .define("MM_SPLIT", u8::from(self.splits_tail()))
-        .define(
-            "MM_KSPLIT",
-            if self.mma == Mma::Fp8 {
-                self.k_split
-            } else {
-                1
-            },
-        )
         .define("MM_CLUSTER", self.cluster)
-        .define("MM_PROBE", u8::from(self.probe))
         .arches(&[Arch::Sm90a])
         .no_spill()
         .headers(crate::CUDA_HEADERS)
@@ -522,10 +494,6 @@ pub fn kernels() -> Vec<KernelSpec> {
                 })
             })
         })
-        // The FP8 cluster variant the benchmark compares (`--cluster 1,2`), kept compiling.
-        .chain([TilePlan::new(Mma::Fp8, 128)
-            .expect("listed tile")
-            .with_cluster(2)])
         .map(|plan| plan.spec())
         .collect()
 }
@@ -556,9 +524,10 @@ struct GemmParams {
     pad_: i32,
     tickets: u64,
     trace: u64,
+    error: u64,
 }
 
-const _: () = assert!(size_of::<GemmParams>() == 104);
+const _: () = assert!(size_of::<GemmParams>() == 112);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -662,6 +631,9 @@ pub struct GemmCore {
     /// Dynamic schedule: the next item and the CTAs done drawing, zero between launches; empty
     /// for the static schedule.
     tickets: CudaSlice<u32>,
+    /// The error word every launch records a wait that gave up in (barriers' format, zeroed
+    /// once, never reset: [`GemmCore::check_error`]).
+    error: CudaSlice<u64>,
     /// Launches are programmatic ([`GemmCore::chain_after_kernel`]).
     chained: bool,
 }
@@ -716,8 +688,18 @@ impl GemmCore {
             partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
             tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
+            error: gpu.alloc_zeros(1)?,
             chained: false,
         })
+    }
+
+    /// After the stream is synchronized: whether a launch of this core gave up a wait (a split
+    /// tail's head whose later part did not arrive within the kernel's `kSplitTailTimeoutNs`),
+    /// named by the typed error; that launch's output is void. Reads one word; the core stays
+    /// failed from then on (its hand-over flags may be out of step): build a new one.
+    pub fn check_error(&self, gpu: &Gpu) -> Result<(), GemmError> {
+        let word = gpu.download(&self.error)?[0];
+        Ok(barriers::check_error_word(word)?)
     }
 
     /// Whether the next launches may start while the previous kernel on the stream still runs
@@ -730,6 +712,8 @@ impl GemmCore {
 
     /// `out[row][n] = bf16(Σ_k act[row][k] · w_e[n][k])` for every row of every expert; other rows of
     /// `out` (padding between experts) are not written. `out` is BF16 bits `[pool.rows][weights.n]`.
+    /// Queued on the stream; [`Self::check_error`] says, once it is synchronized, whether a
+    /// launch's in-kernel wait gave up.
     pub fn run(
         &mut self,
         gpu: &Gpu,
@@ -782,18 +766,13 @@ impl GemmCore {
         };
         let stream = gpu.stream();
         let k = weights.k as u64;
-        // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile. In an
-        // FP8 cluster of two each CTA loads (and multicasts) half the rows.
-        let box_rows = match self.plan.mma {
-            Mma::Fp8 => bn / self.plan.cluster as u32,
-            Mma::Bf16 => bn,
-        };
+        // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile.
         let map = TensorMapDesc::matrix(
             data_type,
             pool.act.ptr(),
             [pool.rows as u64, k],
             k * elem,
-            [box_rows, (128 / elem) as u32],
+            [bn, (128 / elem) as u32],
         )
         .swizzle(Swizzle::B128)
         .encode()?;
@@ -825,6 +804,7 @@ impl GemmCore {
         } else {
             (0, None)
         };
+        let (error, _g11) = self.error.device_ptr_mut(stream);
         let (trace, _g10) = match trace {
             Some(t) => {
                 let (ptr, guard) = t.device_ptr_mut(stream);
@@ -853,6 +833,7 @@ impl GemmCore {
             pad_: 0,
             tickets,
             trace,
+            error,
         };
         let mut config = LaunchConfig::linear(self.grid, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32)
@@ -1033,13 +1014,13 @@ mod tests {
         );
         let names: std::collections::HashSet<String> =
             kernels().into_iter().map(|s| s.name).collect();
-        assert!(names.contains("megamoe-kernel/sm90_moe_gemm/fp8/bn16/cta2/k128"));
+        assert!(names.contains("megamoe-kernel/sm90_moe_gemm/fp8/bn16/cta2"));
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            2 * 2 + 3 * 4 + 5 + 1,
+            2 * 2 + 3 * 4 + 5,
             "two folds per two-CTA FP8 tile (tables in shared memory), four per one-CTA FP8 tile, \
-             one per BF16 tile, the FP8 cluster variant"
+             one per BF16 tile"
         );
     }
 
@@ -1055,9 +1036,15 @@ mod tests {
             "FP8 measured no faster in clusters"
         );
         assert_eq!(
-            plan(Mma::Fp8, 128).with_cluster(2).spec().name,
-            "megamoe-kernel/sm90_moe_gemm/fp8/bn128/cta1/cl2/rowbase/regfold/k128"
+            plan(Mma::Bf16, 128).with_cluster(1).spec().name,
+            "megamoe-kernel/sm90_moe_gemm/bf16/bn128/cta1"
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "cluster of 2 on the fp8 route")]
+    fn the_fp8_route_has_no_clusters() {
+        let _ = TilePlan::new(Mma::Fp8, 128).unwrap().with_cluster(2);
     }
 
     #[test]
@@ -1103,6 +1090,64 @@ mod tests {
         assert_eq!(TilePlan::tokens_per_tile_for(avg(128.0)), 32);
         assert_eq!(TilePlan::tokens_per_tile_for(avg(4096.0)), 256);
         assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0)), 256);
+    }
+
+    /// A split tail's head whose later part never comes gives up after the kernel's timeout and
+    /// says so in the core's error word, which stays set. The tickets start past the round that
+    /// draws the later parts, so that only the heads run (a fault no healthy launch has; the
+    /// integration tests cannot reach the tickets).
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_lost_split_part_times_out_into_the_error_word() {
+        use crate::problem::{ActPool, ExpertWeights};
+        let gpu = Gpu::open(0).expect("this test needs a CUDA GPU");
+        let jit = cuda_rt::testing::jit();
+        let (rows, n, k, bn) = ([20usize, 0, 33, 7], 256, 512, 32);
+        let plan = TilePlan::new(Mma::Bf16, bn).unwrap();
+        assert!(plan.splits_tail() && plan.split_parts == 2);
+        let w = ExpertWeights::random_codes(rows.len(), n, k, 1);
+        let transformed =
+            crate::transform_weights(Mma::Bf16, &w.w, &w.w_sf, rows.len(), n, k).unwrap();
+        let weights = DeviceWeights::upload(&gpu, &transformed).unwrap();
+        let pool = ActPool::random(Recipe::G128, &rows, k, 2);
+        let act = gpu.upload(&pool.device_image(Mma::Bf16, 0).0).unwrap();
+        let offsets = gpu.upload(&pool.expert_offset).unwrap();
+        let counts = gpu.upload(&pool.expert_rows).unwrap();
+        let device_pool = Pool {
+            act: DeviceBytes::of(&gpu, &act),
+            act_sf: None,
+            sf_stride: 0,
+            rows: pool.rows,
+            expert_offset: &pool.expert_offset,
+            expert_rows: &pool.expert_rows,
+            expert_offset_dev: offsets.slice(..),
+            expert_rows_dev: counts.slice(..),
+        };
+        let mut out = gpu.alloc_zeros::<u16>(pool.rows * n).unwrap();
+        let mut core = GemmCore::new(&gpu, &jit, plan).unwrap();
+        // Past the whole items, one ticket per split item draws its later part (part 1), the next
+        // round its head: starting at whole + split = every item's count, only heads are drawn.
+        let items = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / TILE_ROWS);
+        gpu.upload_into(&[items as u32, 0][..], &mut core.tickets)
+            .unwrap();
+        let started = std::time::Instant::now();
+        core.run(&gpu, &weights, &device_pool, &mut out).unwrap();
+        gpu.synchronize().unwrap();
+        let err = core.check_error(&gpu).expect_err("the heads' wait gave up");
+        eprintln!("after {:?}: {err}", started.elapsed());
+        let GemmError::Wait(barriers::BarrierError::LocalTimeout {
+            wait: barriers::LocalWait::SplitTailHandOver,
+            waited_ns,
+            ..
+        }) = err
+        else {
+            panic!("not a split-tail timeout: {err}");
+        };
+        assert!(waited_ns >= 4_900_000_000, "{waited_ns} ns");
+        // The launch put its tickets back: the next one runs whole, and the word stays set.
+        core.run(&gpu, &weights, &device_pool, &mut out).unwrap();
+        gpu.synchronize().unwrap();
+        assert!(core.check_error(&gpu).is_err());
     }
 
     #[test]

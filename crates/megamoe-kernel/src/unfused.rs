@@ -3,8 +3,8 @@
 //! the grouped GEMM of [`crate::gemm`] for L1/L2). After each stage that writes into peers
 //! ([`Pipeline::dispatch`], [`Pipeline::combine_send`]) the ranks meet on the device
 //! ([`Pipeline::rank_barrier`]: `barriers`' cross-rank barrier, which times out into an error
-//! word, [`Pipeline::check_barriers`]), so a forward is one stream of launches the host only
-//! enqueues.
+//! word, as do the GEMMs' split-tail hand-overs; [`Pipeline::check_errors`]), so a forward is one
+//! stream of launches the host only enqueues.
 //!
 //! The buffers peers write into — the L1 pool's activations and scales (at large T staged as the
 //! peers send them, which [`Pipeline::l1`] first moves into the pool), its row metadata, the
@@ -1098,7 +1098,7 @@ impl Pipeline {
     /// their writes into peers visible, before any stage queued after it runs (one CTA meets the
     /// other ranks through the `signals` region; with one rank there is nothing to wait for).
     /// A rank missing for the timeout sets the error word and lets the stream go on, so the
-    /// forward's results are void: [`Self::check_barriers`] says so once the stream is done.
+    /// forward's results are void: [`Self::check_errors`] says so once the stream is done.
     pub fn rank_barrier(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         if self.shape.num_ranks == 1 {
             return Ok(());
@@ -1127,11 +1127,17 @@ impl Pipeline {
     }
 
     /// After the stream is synchronized: the failure of a [`Self::rank_barrier`] of this pipeline,
-    /// naming the rank that did not arrive. The ranks are out of step from then on (every later
-    /// barrier fails at once): rebuild the pipelines.
-    pub fn check_barriers(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
+    /// naming the rank that did not arrive, or of a GEMM launch's in-kernel wait
+    /// ([`GemmCore::check_error`]). Either leaves the forward's results void and the pipeline out of
+    /// step (the ranks: every later barrier fails at once; a GEMM core: its hand-over flags):
+    /// rebuild the pipelines. One word per error word: the barrier's and each GEMM core's.
+    pub fn check_errors(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let word = gpu.download(&self.barrier_error)?[0];
-        Ok(barriers::check_error_word(word)?)
+        barriers::check_error_word(word)?;
+        for core in self.cores.values() {
+            core.check_error(gpu)?;
+        }
+        Ok(())
     }
 
     /// Stage 1: the destination row of each of this rank's (token, slot) pairs and the padding

@@ -173,6 +173,8 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
             .unwrap();
     }
     let out = gpu.download(&out).unwrap();
+    core.check_error(gpu)
+        .expect("no split-tail hand-over gave up");
 
     let mut owned = vec![false; pool.rows];
     let (mut got, mut want, mut differ) = (Vec::new(), Vec::new(), 0);

@@ -185,7 +185,7 @@ fn a_rank_that_never_arrives_times_out_into_an_error() {
     unsafe { gpu.write_raw(slot_of_rank_1, &1u64.to_le_bytes()) }.unwrap();
     pipe.rank_barrier(&gpu).unwrap();
     pipe.stage_sync(&gpu).unwrap();
-    pipe.check_barriers(&gpu)
+    pipe.check_errors(&gpu)
         .expect("barrier 1: both ranks arrived");
     let mut ours = [0u8; 8];
     // SAFETY: slot 0 of rank 1's signals region, inside buffers[1].
@@ -202,7 +202,7 @@ fn a_rank_that_never_arrives_times_out_into_an_error() {
     pipe.stage_sync(&gpu).unwrap();
     let waited = started.elapsed();
     let err = pipe
-        .check_barriers(&gpu)
+        .check_errors(&gpu)
         .expect_err("rank 1 never entered barrier 2");
     eprintln!("after {waited:?}: {err}");
     assert!(err.to_string().contains("rank 1"), "{err}");
@@ -222,7 +222,7 @@ fn a_rank_that_never_arrives_times_out_into_an_error() {
     pipe.rank_barrier(&gpu).unwrap();
     pipe.stage_sync(&gpu).unwrap();
     assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
-    assert_eq!(timeout_of(pipe.check_barriers(&gpu).unwrap_err()).0, 1);
+    assert_eq!(timeout_of(pipe.check_errors(&gpu).unwrap_err()).0, 1);
     drop(pipe);
     drop(buffers);
 }

@@ -489,7 +489,7 @@ impl<'w> CudaRank<'w> {
         times.queue = lap(&mut clock);
         self.pipe.stage_sync(gpu)?;
         times.wall = times.route + times.queue + lap(&mut clock);
-        self.pipe.check_barriers(gpu)?;
+        self.pipe.check_errors(gpu)?;
         let marks = &self.marks;
         let ms = |a: Option<usize>, b: Option<usize>| -> Result<Duration, CudaError> {
             Ok(match (a, b) {
