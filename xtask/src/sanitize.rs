@@ -140,7 +140,7 @@ pub const KNOWN_HAZARDS: &[KnownHazard] = &[
         why: "the producer's next load into a stage the consumer warps freed (lane-0 arrive)",
     },
     KnownHazard {
-        write: "mm::gemm::moe_gemm<",
+        write: "mm::gemm::ScaleConverter<",
         read: "::chunk_scales<",
         why: "the converter warp's scales for a stage the consumer warps freed (lane-0 arrive)",
     },
