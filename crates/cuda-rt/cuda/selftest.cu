@@ -1,5 +1,5 @@
 // Kernels with which cuda-rt tests itself on a GPU: plain, cooperative, cluster and large-shared-memory
-// launches, and a TMA load. Compiled for sm_90a and sm_100a; TMA_BOX_ROWS/TMA_BOX_COLS come from -D.
+// launches, a TMA load, and two grids meeting across shares of the SMs. Compiled for sm_90a and sm_100a; TMA_BOX_ROWS/TMA_BOX_COLS come from -D.
 #include <cooperative_groups.h>
 #include "cuda_rt.cuh"
 #include <cuda/std/cstdint>
@@ -19,6 +19,27 @@ extern "C" __global__ void grid_barrier(uint32_t* counter, uint32_t* out) {
         atomicAdd(counter, 1u);
         while (atomicAdd(counter, 0u) < gridDim.x) {}
         out[blockIdx.x] = atomicAdd(counter, 0u);
+    }
+}
+
+// Records its block's SM in sm[block], counts itself in *mine, then waits until *theirs counts
+// `expected` started blocks of another grid, for at most `timeout_ns` (then sm[block] = ~0u): two
+// grids whose blocks all wait for each other end only if both are resident at once.
+extern "C" __global__ void smid_rendezvous(uint32_t* sm, uint32_t* mine, const volatile uint32_t* theirs,
+                                           uint32_t expected, uint64_t timeout_ns) {
+    if (threadIdx.x != 0) return;
+    uint32_t id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    sm[blockIdx.x] = id;
+    atomicAdd(mine, 1u);
+    uint64_t start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    while (*theirs < expected) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > timeout_ns) {
+            sm[blockIdx.x] = ~0u;
+            return;
+        }
     }
 }
 

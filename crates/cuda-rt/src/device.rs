@@ -130,6 +130,15 @@ impl Gpu {
         Ok(Self { info, ctx, stream })
     }
 
+    /// A handle from its parts (a share of the SMs, [`Gpu::split`]).
+    pub(crate) fn from_parts(
+        info: DeviceInfo,
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+    ) -> Self {
+        Self { info, ctx, stream }
+    }
+
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }

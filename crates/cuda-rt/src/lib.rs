@@ -9,6 +9,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`device`] | [`Gpu::list`], [`Gpu::open`], [`DeviceInfo`] (name, SMs, compute capability, opt-in shared memory, L2); the primary context and stream; `alloc_zeros` / `upload` / `download` / `memset` |
+//! | [`green`] | [`Gpu::split`]: one device as handles whose streams run on their own shares of the SMs (green contexts), for ranks that share a GPU |
 //! | [`arch`] | [`Arch`]: `sm_90a` (Hopper, runs here) and `sm_100a` (Blackwell, compiles here) |
 //! | [`toolkit`] | [`Toolkit::locate`]: `$CUDA_PATH`, then `$MEGAMOE_CUDA_TOOLCHAIN` (the checkout's `.cuda/toolkit`, set in `.cargo/config.toml`), then `/usr/local/cuda` |
 //! | [`spec`] | [`KernelSpec`]: source + in-memory headers ([`Header`]) + `-D` defines + targets + `no_spill`; the unit of the kernel registry behind `cargo xtask kernels` |
@@ -40,6 +41,7 @@ pub mod arch;
 mod cache;
 pub mod device;
 mod error;
+pub mod green;
 pub mod jit;
 pub mod launch;
 pub mod module;

@@ -1,6 +1,7 @@
 //! cuda-rt on a real GPU: every launch kind, TMA, peer access, timing. Ignored by default; run with
 //! `cargo xtask test-gpu` or from `cargo xtask gpu-bundle`. Without a GPU they fail, they do not skip.
 
+use cuda_rt::cudarc::driver::DevicePtr;
 use cuda_rt::{
     Arch, CudaSlice, Error, Gpu, GpuTimer, Jit, LaunchConfig, Module, TensorMapDesc, TmaDataType,
     enable_peer_access_all, selftest,
@@ -131,6 +132,83 @@ fn cooperative_launch_runs_all_blocks_at_once() {
             .unwrap();
     }
     assert!(gpu.download(&out).unwrap().iter().all(|&v| v == blocks));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn split_shares_run_waiting_grids_side_by_side_on_their_own_sms() {
+    let whole = gpu(0).info().clone();
+    for parts in [2usize, 4] {
+        let shares = Gpu::split(0, parts).unwrap();
+        assert_eq!(shares.len(), parts);
+        let per_share = shares[0].info().sm_count;
+        assert!(
+            shares.iter().all(|g| g.info().sm_count == per_share)
+                && per_share > 0
+                && per_share as usize * parts <= whole.sm_count as usize,
+            "{parts} shares of {per_share} SMs on {} SMs",
+            whole.sm_count
+        );
+        // The same shares again (they live as long as the process).
+        assert_eq!(Gpu::split(0, parts).unwrap()[0].info().sm_count, per_share);
+        // One module of the device's context serves every share.
+        let module = selftest_module(&shares[0]);
+        let kernel = module.kernel("smid_rendezvous").unwrap();
+        // One block per SM: most of an SM's shared memory each.
+        let smem = whole.smem_per_block_optin - 1024;
+        kernel.reserve_dynamic_smem(smem).unwrap();
+        // Grid s waits for grid s + 1 (the last for the first): every grid must be resident.
+        let started = shares[0].alloc_zeros::<u32>(parts).unwrap();
+        let base = started.device_ptr(shares[0].stream()).0;
+        let mut sms: Vec<CudaSlice<u32>> = shares
+            .iter()
+            .map(|g| poisoned::<u32>(g, per_share as usize))
+            .collect();
+        // The counters are zeroed on share 0's stream; the other shares' grids read them.
+        shares[0].synchronize().unwrap();
+        for (s, (share, sm)) in shares.iter().zip(&mut sms).enumerate() {
+            let mine = base + 4 * s as u64;
+            let theirs = base + 4 * ((s + 1) % parts) as u64;
+            // SAFETY: smid_rendezvous(sm[blocks], mine, theirs, expected, timeout_ns); the counters
+            // are two words of `started`, which outlives the launches (synchronized below).
+            unsafe {
+                kernel
+                    .launch(
+                        share.stream(),
+                        LaunchConfig::linear(per_share, 32).dynamic_smem(smem),
+                    )
+                    .ptr_mut(sm)
+                    .scalar(mine)
+                    .scalar(theirs)
+                    .scalar(per_share)
+                    .scalar(2_000_000_000u64)
+                    .launch()
+                    .unwrap();
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (s, (share, sm)) in shares.iter().zip(&sms).enumerate() {
+            share.synchronize().unwrap();
+            let ids = share.download(sm).unwrap();
+            assert!(
+                ids.iter().all(|&id| id != u32::MAX),
+                "{parts} shares: share {s}'s grid waited in vain: not resident with share {}'s",
+                (s + 1) % parts
+            );
+            let distinct: std::collections::HashSet<u32> = ids.iter().copied().collect();
+            assert_eq!(
+                distinct.len(),
+                per_share as usize,
+                "share {s}: one block per SM"
+            );
+            assert!(
+                distinct.iter().all(|id| seen.insert(*id)),
+                "{parts} shares: share {s}'s SMs overlap another share's: {ids:?}"
+            );
+        }
+        drop(started);
+        eprintln!("{parts} shares of {per_share} SMs: grids resident side by side on disjoint SMs");
+    }
 }
 
 #[test]

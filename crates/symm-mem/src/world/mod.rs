@@ -18,7 +18,7 @@ mod launch;
 mod local;
 mod rendezvous;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 
@@ -53,18 +53,38 @@ enum Backend {
 impl World {
     /// A single-process world over the GPUs `ordinals` (rank r drives `ordinals[r]`), with peer
     /// access enabled between every two of its GPUs. An ordinal may repeat: ranks that share a GPU
-    /// each get their own stream and symmetric buffer, and reach each other's buffers as plain
-    /// device memory, so a world of R ranks runs the whole cross-rank protocol on fewer GPUs.
+    /// each get their own share of its SMs (`Gpu::split`: a green context's stream), their own
+    /// symmetric buffer, and reach each other's buffers as plain device memory, so a world of R
+    /// ranks runs the whole cross-rank protocol on fewer GPUs, every rank's grids resident at once.
     /// Returns one `World` per rank: move each to its own thread, since collectives block until
     /// every rank has called them.
     pub fn local(ordinals: &[usize]) -> Result<Vec<World>, WorldError> {
         if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
             return Err(WorldError::BadOrdinals(ordinals.to_vec()));
         }
-        let gpus = ordinals
+        // Ranks that share a GPU get a share of its SMs each (green contexts), so each rank's
+        // persistent grids are resident beside the others'.
+        let mut shares: HashMap<usize, std::vec::IntoIter<Gpu>> = HashMap::new();
+        for &ordinal in ordinals {
+            if !shares.contains_key(&ordinal) {
+                let ranks = ordinals.iter().filter(|&&o| o == ordinal).count();
+                let gpus = if ranks == 1 {
+                    vec![Gpu::open(ordinal)?]
+                } else {
+                    Gpu::split(ordinal, ranks)?
+                };
+                shares.insert(ordinal, gpus.into_iter());
+            }
+        }
+        let gpus: Vec<Gpu> = ordinals
             .iter()
-            .map(|&ordinal| Gpu::open(ordinal))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|o| {
+                shares
+                    .get_mut(o)
+                    .and_then(Iterator::next)
+                    .expect("a share per rank")
+            })
+            .collect();
         let mut seen = HashSet::new();
         let distinct: Vec<Gpu> = gpus
             .iter()
