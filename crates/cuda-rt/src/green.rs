@@ -24,8 +24,11 @@ struct Share {
 unsafe impl Send for Share {}
 unsafe impl Sync for Share {}
 
+/// Every set of shares made so far, by (device, parts).
+type Made = HashMap<(usize, usize), Arc<Vec<Share>>>;
+
 fn shares(ordinal: usize, parts: usize) -> Result<Arc<Vec<Share>>> {
-    static MADE: OnceLock<Mutex<HashMap<(usize, usize), Arc<Vec<Share>>>>> = OnceLock::new();
+    static MADE: OnceLock<Mutex<Made>> = OnceLock::new();
     let mut made = MADE
         .get_or_init(Default::default)
         .lock()
@@ -124,7 +127,7 @@ fn make_shares(ordinal: usize, parts: usize) -> Result<Vec<Share>> {
             .result()
             .call("cuGreenCtxStreamCreate")?;
             // SAFETY: reading the SM variant of a resource of type SM.
-            let sm_count = unsafe { (*group).__bindgen_anon_1.sm.smCount };
+            let sm_count = unsafe { group.__bindgen_anon_1.sm.smCount };
             Ok(Share { stream, sm_count })
         })
         .collect()
