@@ -99,12 +99,20 @@ pub const ENTRIES: &[Entry] = &[
         "megamoe-kernel.gpu_gemm::narrow_tiles_match_the_reference",
     ),
     entry(
+        "gemm",
+        "megamoe-kernel.lib::gemm::tests::a_lost_split_part_times_out_into_the_error_word",
+    ),
+    entry(
         "unfused glue",
         "megamoe-kernel.gpu_unfused::device_routes_match_their_host_twin",
     ),
     entry(
         "unfused glue",
         "megamoe-kernel.gpu_unfused::a_rank_that_never_arrives_times_out_into_an_error",
+    ),
+    entry(
+        "unfused glue",
+        "megamoe-kernel.gpu_unfused::the_device_plan_matches_its_host_twin",
     ),
     entry(
         "unfused pipeline",

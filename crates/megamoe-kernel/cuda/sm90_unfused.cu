@@ -69,6 +69,19 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
   mm::unfused::combine_reduce_token(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
+// One CTA; dynamic shared memory: the histogram, E u32.
+extern "C" __global__ void __launch_bounds__(mm::unfused::kPlanThreads)
+    uf_count(const __grid_constant__ mm::unfused::CountParams p) {
+  extern __shared__ unsigned int hist[];
+  mm::unfused::count_routes(p, hist, threadIdx.x, blockDim.x);
+}
+
+// One CTA, after the rank barrier that follows every rank's uf_count.
+extern "C" __global__ void __launch_bounds__(mm::unfused::kPlanThreads)
+    uf_plan(const __grid_constant__ mm::unfused::PlanParams p) {
+  mm::unfused::plan_pools(p, threadIdx.x, blockDim.x);
+}
+
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_rank_barrier(const __grid_constant__ mm::unfused::RankBarrierParams p) {
   mm::unfused::rank_barrier(p);

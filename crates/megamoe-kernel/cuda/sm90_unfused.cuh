@@ -9,6 +9,11 @@
 // out of it, and the dispatch then needs 48 registers where the host sizes its grids for 16 CTAs of
 // 128 threads per SM, 32 registers each. Nothing here reads blockIdx or gridDim, and configuration
 // comes as template parameters only.
+//   uf_count           one CTA: this rank's routes per global expert, published as its row of every
+//                      rank's counts table (peer stores), expert ids checked on the device;
+//   uf_plan            one CTA, after a rank barrier: every owner's pool plan from the counts table
+//                      (the host's PoolPlan), the plan tables uf_route reads, capacity checked: the
+//                      plan without the host (two-word error word, first error wins);
 //   uf_route           one CTA per global expert: the destination pool row of each of this rank's
 //                      pairs of that expert, consecutive in (token, slot) order from the first row
 //                      the owner's plan gives this rank (the host's plan is O(ranks x experts); the
@@ -63,19 +68,28 @@ struct RowMeta {
 };
 static_assert(sizeof(RowMeta) == 16, "RowMeta is pinned to 16 bytes (megamoe-kernel/src/unfused.rs)");
 
-// Peer tables: address of each rank's buffer, indexed by rank, as this GPU sees it.
+// Where each rank's regions that peers write into lie, as this process maps them, indexed by rank
+// (the host's PeerLayout::peer_table; 0 past the world's ranks).
+struct PeerTable {
+  u64 l1_act[symm_mem::kMaxRanks];     // L1 pool activations
+  u64 l1_sf[symm_mem::kMaxRanks];      // L1 pool scales [H/128][sf_stride] (FP8 pool)
+  u64 l1_staged[symm_mem::kMaxRanks];  // rows from peers as sent, staged: [pool_rows][staged_row_bytes]
+  u64 meta[symm_mem::kMaxRanks];       // RowMeta tables
+  u64 combine[symm_mem::kMaxRanks];    // combine buffers [k][T_max][H] BF16
+  u64 counts[symm_mem::kMaxRanks];     // routes per expert [R][E] u32, row r from rank r (uf_count)
+};
+// Six arrays of one type: no padding, so the size pins every member's offset.
+static_assert(sizeof(PeerTable) == 6 * 8 * symm_mem::kMaxRanks, "PeerTable (megamoe-kernel/src/unfused.rs)");
+
 struct DispatchParams {
   const u8* x;             // [T][H] E4M3
   const u8* x_sf;          // [T][H/G] UE8M0
   const int* route;        // [T*k] destination row in the owner's pool, -1 = masked
   const int* topk_idx;     // [T*k] global expert, -1 = masked
   const float* topk_w;     // [T*k]
-  const u64* pool_act;     // [R] owner L1 pool activations
-  const u64* pool_sf;      // [R] owner L1 pool scales [H/128][sf_stride] (FP8 pool)
-  const u64* pool_staged;  // [R] owner rows from peers as sent, staged: [pool_rows][staged_row_bytes]
-  const u64* pool_meta;    // [R] owner RowMeta tables
+  const PeerTable* peers;  // every owner's pool, scales, staged rows and RowMeta table
   int tokens, top_k, hidden, experts_per_rank, staged_row_bytes, sf_stride, rank;
-  // Rows for peers go to pool_staged as few whole NVLink stores, and the owner finishes them
+  // Rows for peers go to l1_staged as few whole NVLink stores, and the owner finishes them
   // (uf_unstage): FP8 pool, the row's H/128 scale bytes side by side (instead of one store per
   // k128 block into the table); BF16 pool, the E4M3 row and its H/G scales (half the bytes of the
   // widened row).
@@ -114,7 +128,7 @@ struct SwigluParams {
 struct CombineSendParams {
   const u16* l2_out;       // [rows][H] BF16
   const RowMeta* meta;     // [rows]
-  const u64* combine;      // [R] each rank's combine buffer [k][T_max][H] BF16
+  const PeerTable* peers;  // each rank's combine buffer
   int rows, hidden, max_tokens;
   int rank;                // rows of this rank's own tokens stay in l2_out (combine_reduce reads them)
 };
@@ -128,12 +142,91 @@ struct CombineReduceParams {
   int tokens, top_k, hidden, max_tokens, experts_per_rank, rank;
 };
 
+// The plan on the device (uf_count, uf_plan: one CTA of kPlanThreads each): what the host's
+// expert_counts, counts exchange and PoolPlan compute, with errors into a two-word error word.
+constexpr int kPlanThreads = 1024;
+// error[0]: kind in bits 63..60 (first error wins), then kind 1 (an expert id outside -1..E):
+// slot in bits 47..32, token in 31..0, error[1] the id; kind 2 (an owner's pools overflow): the
+// owner in 31..0, error[1] the rows its plan needs. Decoded by megamoe-kernel/src/unfused.rs.
+constexpr u64 kPlanErrorExpert = 1;
+constexpr u64 kPlanErrorCapacity = 2;
+
+struct CountParams {
+  const int* topk_idx;     // [pairs] global expert, -1 = masked
+  const PeerTable* peers;  // every rank's counts table
+  u64* error;              // [2]
+  int pairs, top_k, num_experts, num_ranks, rank, pad_;
+};
+
+struct PlanParams {
+  const u32* counts;       // [R][E] this rank's counts table: row r from rank r
+  int* first_row;          // [E] out: this rank's first row among expert e's rows at its owner
+  int* expert_offset;      // [E/R] out: this rank's own experts' first rows
+  int* expert_rows;        // [E/R] out: and rows
+  u64* error;              // [2]
+  int num_ranks, num_experts, rank, capacity, row_align, pad_;
+};
+
 struct RankBarrierParams {
   const symm_mem::SymmBuffer* view;  // this rank's view of every rank's buffer
   u64* signals;                      // [R] in this rank's buffer (the pipeline's `signals` region)
   u64* error_word;                   // this rank's own, 0 while the ranks are in step
   u64 timeout_ns;
 };
+
+// Records the plan's first error (error[0] from 0 to `kind_and_where`, then error[1] = `value`).
+__device__ __forceinline__ void record_plan_error(u64* error, u64 kind_and_where, u64 value) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(error), 0ull, kind_and_where) == 0ull) error[1] = value;
+}
+
+// uf_count: this rank's routes per global expert into `hist` (shared, [E]), then published as row
+// `rank` of every rank's counts table (peer stores, made visible to the owners by the rank
+// barrier that follows). `thread` of `threads`, all of one CTA.
+__device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, int thread, int threads) {
+  for (int e = thread; e < p.num_experts; e += threads) hist[e] = 0;
+  __syncthreads();
+  for (int i = thread; i < p.pairs; i += threads) {
+    const int e = p.topk_idx[i];
+    if (e == -1) continue;
+    if (e < -1 || e >= p.num_experts) {
+      record_plan_error(p.error, (kPlanErrorExpert << 60) | ((u64)(i % p.top_k) << 32) | (u32)(i / p.top_k),
+                        (u64)(long long)e);
+      continue;
+    }
+    atomicAdd(&hist[e], 1u);
+  }
+  __syncthreads();
+  for (int r = 0; r < p.num_ranks; ++r) {
+    u32* row = reinterpret_cast<u32*>(p.peers->counts[r]) + (size_t)p.rank * p.num_experts;
+    for (int e = thread; e < p.num_experts; e += threads) row[e] = hist[e];
+  }
+}
+
+// uf_plan: every owner's plan from the counts table (the host's PoolPlan::new): owner o's local
+// experts in order, each taking its sources' rows in rank order, each expert's first row aligned
+// to `row_align`. Thread o lays out owner o; every rank lays out every owner, so all ranks see a
+// capacity error alike.
+__device__ __forceinline__ void plan_pools(const PlanParams& p, int thread, int threads) {
+  const int el = p.num_experts / p.num_ranks;
+  for (int o = thread; o < p.num_ranks; o += threads) {
+    long long next = 0;
+    for (int x = 0; x < el; ++x) {
+      const int e = o * el + x;
+      long long rows = 0, mine = 0;
+      for (int src = 0; src < p.num_ranks; ++src) {
+        if (src == p.rank) mine = next + rows;
+        rows += p.counts[(size_t)src * p.num_experts + e];
+      }
+      p.first_row[e] = (int)mine;
+      if (o == p.rank) {
+        p.expert_offset[x] = (int)next;
+        p.expert_rows[x] = (int)rows;
+      }
+      next = (next + rows + p.row_align - 1) / p.row_align * p.row_align;
+    }
+    if (next > p.capacity) record_plan_error(p.error, (kPlanErrorCapacity << 60) | (u32)o, (u64)next);
+  }
+}
 
 // f32 -> BF16 bits, round to nearest even (NaN stays a quiet NaN), as the host's `half::bf16::from_f32`.
 __device__ __forceinline__ u16 bf16_rn(float f) {
@@ -270,7 +363,7 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
   // Each thread moves the 16 pool-order channels at c: four canonical 4-byte words, one of each
   // scale block of the 128-channel block (four 4-byte loads, 16-byte stores to the owner).
   if constexpr (kFp8Pool) {
-    u8* dst = reinterpret_cast<u8*>(p.pool_act[owner]) + (size_t)row * h;
+    u8* dst = reinterpret_cast<u8*>(p.peers->l1_act[owner]) + (size_t)row * h;
     for (int c = thread * 16; c < h; c += threads * 16) {
       const u8* block = src + (c & ~127);
       u32 w[4];
@@ -281,14 +374,14 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
     }
     // The scales: into the table ([kb][row]), or staged side by side ([row][kb]).
     const bool in_table = !p.staged || owner == p.rank;
-    u8* sf = in_table ? reinterpret_cast<u8*>(p.pool_sf[owner]) + row
-                      : reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
+                      : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
     const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
     for (int kb = thread; kb < h / 128; kb += threads) sf[kb * kb_stride] = src_sf[kb];
   } else if (!p.staged || owner == p.rank) {
-    widen_row<G>(src, src_sf, reinterpret_cast<u16*>(p.pool_act[owner]) + (size_t)row * h, h, thread, threads);
+    widen_row<G>(src, src_sf, reinterpret_cast<u16*>(p.peers->l1_act[owner]) + (size_t)row * h, h, thread, threads);
   } else {
-    u8* dst = reinterpret_cast<u8*>(p.pool_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    u8* dst = reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
     for (int c = thread * 16; c < h; c += threads * 16)
       *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
     for (int g = thread; g < h / G; g += threads) dst[h + g] = src_sf[g];
@@ -299,7 +392,7 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
     m.token = t;
     m.slot = j;
     m.weight = p.topk_w[pair];
-    reinterpret_cast<RowMeta*>(p.pool_meta[owner])[row] = m;
+    reinterpret_cast<RowMeta*>(p.peers->meta[owner])[row] = m;
   }
 }
 
@@ -408,7 +501,7 @@ __device__ __forceinline__ void combine_send_row(const CombineSendParams& p, int
   const RowMeta m = p.meta[row];
   if (m.token < 0 || m.rank == p.rank) return;
   const u16* src = p.l2_out + (size_t)row * p.hidden;
-  u16* dst = reinterpret_cast<u16*>(p.combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
+  u16* dst = reinterpret_cast<u16*>(p.peers->combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
   for (int c = thread * 8; c < p.hidden; c += threads * 8)
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
 }
@@ -453,7 +546,9 @@ __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
 }
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
-static_assert(sizeof(DispatchParams) == 104, "DispatchParams layout");
+static_assert(sizeof(DispatchParams) == 80, "DispatchParams layout");
+static_assert(sizeof(CountParams) == 48, "CountParams layout");
+static_assert(sizeof(PlanParams) == 64, "PlanParams layout");
 static_assert(sizeof(RouteParams) == 64, "RouteParams layout");
 static_assert(sizeof(UnstageParams) == 56, "UnstageParams layout");
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");

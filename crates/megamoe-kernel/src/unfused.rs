@@ -34,7 +34,7 @@ use barriers::BarrierError;
 use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PinnedHostSlice};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
-use symm_mem::SymmBuffer;
+use symm_mem::{MAX_RANKS, SymmBuffer};
 
 use crate::gemm::{
     DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Route, Routes, TOKEN_TILES,
@@ -199,7 +199,8 @@ impl PipelineShape {
     /// [`PEER_REGION_ALIGN`]: the L1 pool (`[pool_rows][H]` E4M3 or BF16), its scales
     /// ([`Self::sf_bytes`] of H, the GEMM's layout), rows from peers as they send them when staged
     /// (`[pool_rows][staged_row_bytes]`), its [`RowMeta`] `[pool_rows]`, the combine buffer
-    /// `[top_k][max_tokens][H]` BF16, and the cross-rank barrier's signals `[num_ranks]` u64.
+    /// `[top_k][max_tokens][H]` BF16, the cross-rank barrier's signals `[num_ranks]` u64, and the
+    /// routes' counts `[num_ranks][num_experts]` u32 every rank publishes into every buffer.
     pub fn peer_layout(&self) -> PeerLayout {
         let mut end = 0usize;
         let mut region = |bytes: usize| {
@@ -213,6 +214,7 @@ impl PipelineShape {
         let meta = region(self.pool_rows * size_of::<RowMeta>());
         let combine = region(self.top_k * self.max_tokens * self.hidden * size_of::<u16>());
         let signals = region(self.num_ranks * size_of::<u64>());
+        let counts = region(self.num_ranks * self.num_experts * size_of::<u32>());
         PeerLayout {
             l1_act,
             l1_sf,
@@ -220,6 +222,7 @@ impl PipelineShape {
             meta,
             combine,
             signals,
+            counts,
             bytes: end.next_multiple_of(PEER_REGION_ALIGN),
         }
     }
@@ -303,6 +306,34 @@ pub fn expert_counts(
     }
     Ok(counts)
 }
+
+/// The device plan's error words (`mm::unfused::kPlanError*`, first error wins) as the typed
+/// error its host twin ([`expert_counts`], [`PoolPlan::new`]) returns.
+fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), UnfusedError> {
+    let (first, value) = (words[0], words[1]);
+    match first >> 60 {
+        0 => Ok(()),
+        PLAN_ERROR_EXPERT => Err(UnfusedError::Expert {
+            token: (first & 0xffff_ffff) as usize,
+            slot: ((first >> 32) & 0xffff) as usize,
+            value: value as i64,
+            experts: shape.num_experts,
+        }),
+        PLAN_ERROR_CAPACITY => Err(UnfusedError::Capacity {
+            rank: (first & 0xffff_ffff) as usize,
+            rows: value as usize,
+            capacity: shape.pool_rows,
+        }),
+        kind => Err(UnfusedError::Shape {
+            what: "device plan error word",
+            detail: format!("unknown kind {kind} in {first:#x}"),
+        }),
+    }
+}
+
+/// `mm::unfused::kPlanErrorExpert` and `kPlanErrorCapacity`.
+const PLAN_ERROR_EXPERT: u64 = 1;
+const PLAN_ERROR_CAPACITY: u64 = 2;
 
 /// One owner rank's pools: where each of its experts starts and how many rows it holds, and where
 /// each source rank's rows of each expert start.
@@ -426,10 +457,7 @@ struct DispatchParams {
     route: u64,
     topk_idx: u64,
     topk_w: u64,
-    pool_act: u64,
-    pool_sf: u64,
-    pool_staged: u64,
-    pool_meta: u64,
+    peers: u64,
     tokens: i32,
     top_k: i32,
     hidden: i32,
@@ -498,7 +526,7 @@ struct SwigluParams {
 struct CombineSendParams {
     l2_out: u64,
     meta: u64,
-    combine: u64,
+    peers: u64,
     rows: i32,
     hidden: i32,
     max_tokens: i32,
@@ -522,6 +550,41 @@ struct CombineReduceParams {
     rank: i32,
 }
 
+/// `mm::unfused::CountParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct CountParams {
+    topk_idx: u64,
+    peers: u64,
+    error: u64,
+    pairs: i32,
+    top_k: i32,
+    num_experts: i32,
+    num_ranks: i32,
+    rank: i32,
+    pad: i32,
+}
+
+/// Threads of `uf_count`'s and `uf_plan`'s one CTA (`mm::unfused::kPlanThreads`).
+const PLAN_THREADS: u32 = 1024;
+
+/// `mm::unfused::PlanParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct PlanParams {
+    counts: u64,
+    first_row: u64,
+    expert_offset: u64,
+    expert_rows: u64,
+    error: u64,
+    num_ranks: i32,
+    num_experts: i32,
+    rank: i32,
+    capacity: i32,
+    row_align: i32,
+    pad: i32,
+}
+
 /// `mm::unfused::RankBarrierParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -535,7 +598,9 @@ struct RankBarrierParams {
 const _: () = {
     assert!(size_of::<RankBarrierParams>() == 32);
     assert!(size_of::<RowMeta>() == 16);
-    assert!(size_of::<DispatchParams>() == 104);
+    assert!(size_of::<DispatchParams>() == 80);
+    assert!(size_of::<CountParams>() == 48);
+    assert!(size_of::<PlanParams>() == 64);
     assert!(size_of::<RouteParams>() == 64);
     assert!(size_of::<UnstageParams>() == 56);
     assert!(size_of::<SwigluParams>() == 64);
@@ -584,6 +649,8 @@ pub struct GlueKernels {
     combine_send: Kernel,
     combine_reduce: Kernel,
     rank_barrier: Kernel,
+    count: Kernel,
+    plan: Kernel,
 }
 
 impl GlueKernels {
@@ -601,6 +668,8 @@ impl GlueKernels {
             combine_send: module.kernel("uf_combine_send")?,
             combine_reduce: module.kernel("uf_combine_reduce")?,
             rank_barrier: module.kernel("uf_rank_barrier")?,
+            count: module.kernel("uf_count")?,
+            plan: module.kernel("uf_plan")?,
         })
     }
 }
@@ -632,13 +701,16 @@ pub struct PeerLayout {
     /// `[num_ranks]` u64: slot r holds the epoch of the last barrier rank r entered (`barriers`'
     /// rank_barrier); zero when the pipeline is built, never reset.
     pub signals: PeerRegion,
+    /// `[num_ranks][num_experts]` u32: row r holds rank r's routes per global expert, as its
+    /// `uf_count` published them (`Pipeline::count_routes`).
+    pub counts: PeerRegion,
     /// The buffer's size: every region's end, rounded up to [`PEER_REGION_ALIGN`].
     pub bytes: usize,
 }
 
 impl PeerLayout {
     /// The regions in buffer order.
-    pub fn regions(&self) -> [(&'static str, PeerRegion); 6] {
+    pub fn regions(&self) -> [(&'static str, PeerRegion); 7] {
         [
             ("l1_act", self.l1_act),
             ("l1_sf", self.l1_sf),
@@ -646,6 +718,7 @@ impl PeerLayout {
             ("meta", self.meta),
             ("combine", self.combine),
             ("signals", self.signals),
+            ("counts", self.counts),
         ]
     }
 
@@ -659,21 +732,20 @@ impl PeerLayout {
             meta: at(self.meta),
             combine: at(self.combine),
             signals: at(self.signals),
+            counts: at(self.counts),
         }
     }
 
-    /// The glue kernels' peer table `[5][R]` (`l1_act`, `l1_sf`, `l1_staged`, `meta`, `combine` of
-    /// every rank)
-    /// from every rank's base (`bases[r]`, as mapped in this process); refused unless there is one
-    /// base per rank, each aligned to [`PEER_REGION_ALIGN`].
-    pub fn peer_table(&self, bases: &[u64], num_ranks: usize) -> Result<Vec<u64>, UnfusedError> {
+    /// The glue kernels' [`PeerTable`] from every rank's base (`bases[r]`, as mapped in this
+    /// process); refused unless there is one base per rank, each aligned to [`PEER_REGION_ALIGN`].
+    pub fn peer_table(&self, bases: &[u64], num_ranks: usize) -> Result<PeerTable, UnfusedError> {
         let bad = |detail: String| UnfusedError::Shape {
             what: "symmetric buffer bases",
             detail,
         };
-        if bases.len() != num_ranks {
+        if bases.len() != num_ranks || num_ranks > MAX_RANKS {
             return Err(bad(format!(
-                "{} bases, the shape has {num_ranks} ranks",
+                "{} bases, the shape has {num_ranks} ranks (at most {MAX_RANKS})",
                 bases.len()
             )));
         }
@@ -686,17 +758,44 @@ impl PeerLayout {
                 "rank {rank}'s base {base:#x} is not aligned to {PEER_REGION_ALIGN} bytes"
             )));
         }
-        let all: Vec<PeerAddresses> = bases.iter().map(|&b| self.addresses(b)).collect();
-        Ok([
-            all.iter().map(|a| a.l1_act).collect::<Vec<_>>(),
-            all.iter().map(|a| a.l1_sf).collect(),
-            all.iter().map(|a| a.l1_staged).collect(),
-            all.iter().map(|a| a.meta).collect(),
-            all.iter().map(|a| a.combine).collect(),
-        ]
-        .concat())
+        let mut table = PeerTable::zeroed();
+        for (r, &base) in bases.iter().enumerate() {
+            let a = self.addresses(base);
+            table.l1_act[r] = a.l1_act;
+            table.l1_sf[r] = a.l1_sf;
+            table.l1_staged[r] = a.l1_staged;
+            table.meta[r] = a.meta;
+            table.combine[r] = a.combine;
+            table.counts[r] = a.counts;
+        }
+        Ok(table)
     }
 }
+
+/// `mm::unfused::PeerTable`: where each rank's regions that peers write into lie, as this process
+/// maps them, indexed by rank (0 past the world's ranks). The glue kernels read it from device
+/// memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct PeerTable {
+    pub l1_act: [u64; MAX_RANKS],
+    pub l1_sf: [u64; MAX_RANKS],
+    pub l1_staged: [u64; MAX_RANKS],
+    pub meta: [u64; MAX_RANKS],
+    pub combine: [u64; MAX_RANKS],
+    pub counts: [u64; MAX_RANKS],
+}
+
+impl PeerTable {
+    fn zeroed() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
+
+const _: () = {
+    assert!(size_of::<PeerTable>() == 6 * 8 * MAX_RANKS);
+    assert!(std::mem::offset_of!(PeerTable, counts) == 5 * 8 * MAX_RANKS);
+};
 
 /// The addresses of one rank's buffers that peers write into, as this process maps them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -707,6 +806,7 @@ pub struct PeerAddresses {
     pub meta: u64,
     pub combine: u64,
     pub signals: u64,
+    pub counts: u64,
 }
 
 /// One rank's inputs on the device, sized for `max_tokens` and reused by every forward.
@@ -807,12 +907,14 @@ pub struct Pipeline {
     layout: PeerLayout,
     /// This rank's own symmetric buffer.
     base: u64,
-    /// `[5][R]`: l1_act, l1_sf, l1_staged, meta, combine of every rank ([`PeerLayout::peer_table`]).
-    peers: CudaSlice<u64>,
+    /// The [`PeerTable`] ([`PeerLayout::peer_table`]), as bytes.
+    peers: CudaSlice<u8>,
     /// This rank's `symm_mem::SymmBuffer` view of every rank's buffer, for the cross-rank barrier.
     barrier_view: CudaSlice<u8>,
     /// The barrier's error word: this rank's own, 0 while the ranks are in step.
     barrier_error: CudaSlice<u64>,
+    /// The device plan's error words (`uf_count`, `uf_plan`): 0 while the routes are valid and fit.
+    plan_error: CudaSlice<u64>,
     barrier_timeout: Duration,
     /// This forward's rows from peers go through `l1_staged` (set_plans).
     staged_rows: bool,
@@ -907,9 +1009,10 @@ impl Pipeline {
             w2: DeviceWeights::upload(gpu, w2)?,
             layout,
             base: peer_bases[rank],
-            peers: gpu.upload(&table)?,
+            peers: gpu.upload(bytemuck::bytes_of(&table))?,
             barrier_view: gpu.upload(bytemuck::bytes_of(&view))?,
             barrier_error: gpu.alloc_zeros(1)?,
+            plan_error: gpu.alloc_zeros(2)?,
             barrier_timeout: barriers::DEFAULT_TIMEOUT,
             staged_rows: false,
             chain: LaunchChain {
@@ -1134,10 +1237,98 @@ impl Pipeline {
     pub fn check_errors(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let word = gpu.download(&self.barrier_error)?[0];
         barriers::check_error_word(word)?;
+        plan_error(&gpu.download(&self.plan_error)?, self.shape)?;
         for core in self.cores.values() {
             core.check_error(gpu)?;
         }
         Ok(())
+    }
+
+    /// Queued on the stream: this rank's routes per global expert, counted from its inputs on the
+    /// device (`uf_count`), published as its row of every rank's counts table (peer writes: a
+    /// [`Self::rank_barrier`] after it makes them visible). An expert id outside −1..E sets the
+    /// plan's error word ([`Self::check_errors`]: [`UnfusedError::Expert`]), which each count
+    /// starts from zero: a refused forward leaves nothing a retry would read.
+    pub fn count_routes(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let tokens = self.tokens.expect("set_inputs before count_routes");
+        gpu.memset(&mut self.plan_error, 0)?;
+        let stream = gpu.stream();
+        let (topk_idx, _g0) = self.inputs.topk_idx.device_ptr(stream);
+        let (peers, _g1) = self.peers.device_ptr(stream);
+        let (error, _g2) = self.plan_error.device_ptr_mut(stream);
+        let params = CountParams {
+            topk_idx,
+            peers,
+            error,
+            pairs: (tokens * s.top_k) as i32,
+            top_k: s.top_k as i32,
+            num_experts: s.num_experts as i32,
+            num_ranks: s.num_ranks as i32,
+            rank: self.rank as i32,
+            pad: 0,
+        };
+        self.chain.interrupt();
+        // SAFETY: the peer table holds every rank's live buffer, whose counts region is
+        // [num_ranks][num_experts] u32; this rank writes only its own row; `pairs` ids are read.
+        unsafe {
+            self.glue
+                .count
+                .launch(
+                    stream,
+                    LaunchConfig::linear(1, PLAN_THREADS)
+                        .dynamic_smem((s.num_experts * size_of::<u32>()) as u32),
+                )
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    /// Queued on the stream, after [`Self::count_routes`] on every rank and a rank barrier: every
+    /// owner's plan from the counts table in this rank's buffer (`uf_plan`), into the plan tables
+    /// `uf_route` reads — what [`Self::set_plans`] computes on the host and copies. A plan that
+    /// needs more rows than the pools hold sets the error word ([`Self::check_errors`]:
+    /// [`UnfusedError::Capacity`]).
+    pub fn plan_on_device(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        let s = self.shape;
+        let stream = gpu.stream();
+        let [first_row, expert_offset, expert_rows] =
+            Self::plan_tables(&s).map(|table| self.plan_dev.slice(table).device_ptr(stream).0);
+        let counts = self.own().counts;
+        let (error, _g0) = self.plan_error.device_ptr_mut(stream);
+        let params = PlanParams {
+            counts,
+            first_row,
+            expert_offset,
+            expert_rows,
+            error,
+            num_ranks: s.num_ranks as i32,
+            num_experts: s.num_experts as i32,
+            rank: self.rank as i32,
+            capacity: s.pool_rows as i32,
+            row_align: POOL_ROW_ALIGN as i32,
+            pad: 0,
+        };
+        self.chain.interrupt();
+        // SAFETY: the counts region of this rank's own buffer holds [num_ranks][num_experts] u32;
+        // the plan tables are [E], [E/R] and [E/R] i32 of plan_dev.
+        unsafe {
+            self.glue
+                .plan
+                .launch(stream, LaunchConfig::linear(1, PLAN_THREADS))
+                .scalar(params)
+                .launch()?
+        };
+        Ok(())
+    }
+
+    /// The plan tables on the device — first rows `[E]`, this rank's expert offsets and rows
+    /// `[E/R]` — as the last [`Self::set_plans`] or [`Self::plan_on_device`] left them (waits for
+    /// the stream).
+    pub fn plan_tables_on_device(&self, gpu: &Gpu) -> Result<[Vec<i32>; 3], UnfusedError> {
+        let all = gpu.download(&self.plan_dev)?;
+        Ok(Self::plan_tables(&self.shape).map(|table| all[table].to_vec()))
     }
 
     /// Stage 1: the destination row of each of this rank's (token, slot) pairs and the padding
@@ -1186,8 +1377,7 @@ impl Pipeline {
         if pairs == 0 {
             return Ok(());
         }
-        let (peer_base, _g0) = self.peers.device_ptr(stream);
-        let r = s.num_ranks as u64;
+        let (peers, _g0) = self.peers.device_ptr(stream);
         let (x, _g1) = inputs.x.device_ptr(stream);
         let (x_sf, _g2) = inputs.x_sf.device_ptr(stream);
         let (topk_w, _g5) = inputs.topk_w.device_ptr(stream);
@@ -1197,10 +1387,7 @@ impl Pipeline {
             route,
             topk_idx,
             topk_w,
-            pool_act: peer_base,
-            pool_sf: peer_base + 8 * r,
-            pool_staged: peer_base + 16 * r,
-            pool_meta: peer_base + 24 * r,
+            peers,
             tokens: tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,
@@ -1422,12 +1609,12 @@ impl Pipeline {
             return Ok(());
         }
         let stream = gpu.stream();
-        let (peer_base, _g0) = self.peers.device_ptr(stream);
+        let (peers, _g0) = self.peers.device_ptr(stream);
         let (l2_out, _g1) = self.l2_out.device_ptr(stream);
         let params = CombineSendParams {
             l2_out,
             meta: self.own().meta,
-            combine: peer_base + 32 * s.num_ranks as u64,
+            peers,
             rows: rows as i32,
             hidden: s.hidden as i32,
             max_tokens: s.max_tokens as i32,
@@ -1744,6 +1931,7 @@ mod tests {
                 rows * 16,
                 s.top_k * s.max_tokens * h * 2,
                 s.num_ranks * 8,
+                s.num_ranks * s.num_experts * 4,
             ];
             let mut end = 0;
             for ((name, region), want) in regions.iter().zip(want) {
@@ -1773,22 +1961,30 @@ mod tests {
         let layout = s.peer_layout();
         let bases = [0x7f00_0000_0000u64, 0x10_0000, 0x7e00_0020_0000];
         let table = layout.peer_table(&bases, 3).unwrap();
-        assert_eq!(table.len(), 15);
         for (r, &base) in bases.iter().enumerate() {
             let a = layout.addresses(base);
             assert_eq!(a.l1_act, base, "the L1 pool starts the buffer");
             assert_eq!(
                 [
-                    table[r],
-                    table[3 + r],
-                    table[6 + r],
-                    table[9 + r],
-                    table[12 + r]
+                    table.l1_act[r],
+                    table.l1_sf[r],
+                    table.l1_staged[r],
+                    table.meta[r],
+                    table.combine[r],
+                    table.counts[r]
                 ],
-                [a.l1_act, a.l1_sf, a.l1_staged, a.meta, a.combine]
+                [a.l1_act, a.l1_sf, a.l1_staged, a.meta, a.combine, a.counts]
             );
             assert_eq!(a.combine, base + layout.combine.offset as u64);
+            assert_eq!(a.counts, base + layout.counts.offset as u64);
         }
+        // Past the world's ranks the table is empty.
+        assert!(
+            table.l1_act[3..]
+                .iter()
+                .chain(&table.counts[3..])
+                .all(|&a| a == 0)
+        );
         let refused = [
             layout.peer_table(&bases[..2], 3).unwrap_err(),
             layout.peer_table(&[0, 0x100, 0x1080], 3).unwrap_err(),

@@ -5,7 +5,10 @@
 //!   later barrier of the out-of-step pipeline fails at once;
 //! - the device's routes (`uf_route`): every pair lands in the row its host twin `routes` gives,
 //!   in both owners' pools, as the dispatch's row metadata shows, and every other row of the plan
-//!   is either a peer's or marked as padding.
+//!   is either a peer's or marked as padding;
+//! - the plan on the device (`uf_count`, `uf_plan`): this rank's counts row lands in both ranks'
+//!   tables, the plan tables equal the host's `set_plans` bit for bit, and a plan that overflows
+//!   the pools is refused through the error word as the host refuses it.
 //!
 //! (The barrier between real ranks runs in every multi-GPU test of `megamoe`'s `gpu_cuda`.)
 
@@ -223,6 +226,89 @@ fn a_rank_that_never_arrives_times_out_into_an_error() {
     pipe.stage_sync(&gpu).unwrap();
     assert!(started.elapsed() < timeout, "{:?}", started.elapsed());
     assert_eq!(timeout_of(pipe.check_errors(&gpu).unwrap_err()).0, 1);
+    drop(pipe);
+    drop(buffers);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_device_plan_matches_its_host_twin() {
+    let gpu = Gpu::open(0).expect("GPU 0");
+    let (experts, tokens) = (6, 2500);
+    let (mut pipe, buffers, bases) = rank_0_of_two(&gpu, experts, tokens);
+    let s = pipe.shape;
+    let (h, k, el) = (s.hidden, s.top_k, s.experts_per_rank());
+    let layout = s.peer_layout();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let topk: Vec<i64> = (0..tokens * k)
+        .map(|_| match rng.random_range(0..10) {
+            0 => -1,
+            1..=4 => 4,
+            _ => rng.random_range(0..experts as i64),
+        })
+        .collect();
+    let weights: Vec<f32> = (0..tokens * k).map(|_| rng.random()).collect();
+    let x: Vec<u8> = (0..tokens * h).map(|_| rng.random_range(0..0x7e)).collect();
+    let x_sf = vec![127u8; tokens * h / 128];
+    let ours = pipe.set_inputs(&gpu, &x, &x_sf, &topk, &weights).unwrap();
+    // Rank 1's row of our counts table, as its uf_count would publish it (rank 1 is a buffer here,
+    // so no rank barrier: the stream orders our own row before uf_plan).
+    let row_bytes = experts * size_of::<u32>();
+    let publish = |theirs: &[u32]| {
+        // SAFETY: row 1 of the counts region of our live buffer; nothing else is queued.
+        unsafe {
+            gpu.write_raw(
+                bases[0] + (layout.counts.offset + row_bytes) as u64,
+                bytemuck::cast_slice(theirs),
+            )
+        }
+        .unwrap();
+    };
+    let theirs: Vec<u32> = (0..experts).map(|e| 5 * e as u32 + 2).collect();
+    publish(&theirs);
+    pipe.count_routes(&gpu).unwrap();
+    pipe.plan_on_device(&gpu).unwrap();
+    let device = pipe.plan_tables_on_device(&gpu).unwrap();
+    pipe.check_errors(&gpu).unwrap();
+    // Our row is in both ranks' tables.
+    for (r, &base) in bases.iter().enumerate() {
+        let mut row = vec![0u8; row_bytes];
+        // SAFETY: row 0 of the counts region of a live buffer.
+        unsafe { gpu.read_raw(base + layout.counts.offset as u64, &mut row) }.unwrap();
+        assert_eq!(
+            bytemuck::cast_slice::<u8, u32>(&row),
+            &ours[..],
+            "rank {r}'s table: our counts row"
+        );
+    }
+    let counts = vec![ours.clone(), theirs];
+    pipe.set_plans(&gpu, &counts).unwrap();
+    let host = pipe.plan_tables_on_device(&gpu).unwrap();
+    assert_eq!(
+        device, host,
+        "device plan tables (first rows, offsets, rows) vs set_plans'"
+    );
+    eprintln!(
+        "device plan == host plan: first rows {:?}, offsets {:?}, rows {:?}",
+        host[0], host[1], host[2]
+    );
+
+    // Rank 1 claims more rows of one of our experts than our pools hold: refused on the device as
+    // the host refuses it, and the next count starts clean.
+    let mut flood: Vec<u32> = vec![0; experts];
+    flood[el - 1] = s.pool_rows as u32;
+    publish(&flood);
+    pipe.count_routes(&gpu).unwrap();
+    pipe.plan_on_device(&gpu).unwrap();
+    let err = pipe.check_errors(&gpu).expect_err("the pools overflow");
+    let want = PoolPlan::new(&[ours.clone(), flood], 0, el, s.pool_rows).unwrap_err();
+    eprintln!("refused on the device: {err}");
+    assert_eq!(err.to_string(), want.to_string());
+    publish(&vec![1; experts]);
+    pipe.count_routes(&gpu).unwrap();
+    pipe.plan_on_device(&gpu).unwrap();
+    pipe.check_errors(&gpu)
+        .expect("a fitting plan after a refused one");
     drop(pipe);
     drop(buffers);
 }

@@ -122,7 +122,9 @@ fn process_env_refuses_what_it_cannot_use() {
 
 #[test]
 fn local_world_refuses_bad_ordinal_sets_before_touching_a_gpu() {
-    for ordinals in [&[][..], &[0, 1, 0], &[0; 73]] {
+    // No rank, or more than MAX_RANKS. (A repeated ordinal is ranks sharing a GPU: allowed, run by
+    // megamoe's `ranks_sharing_one_gpu_every_route`.)
+    for ordinals in [&[][..], &[0; 73]] {
         let err = World::local(ordinals).unwrap_err();
         assert!(matches!(err, WorldError::BadOrdinals(_)), "{err}");
     }
