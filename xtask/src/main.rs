@@ -132,7 +132,7 @@ fn demo(
     let dir = root.join(dir);
     let megamoe = |args: &[&str]| -> Result<()> {
         run(cargo(root)
-            .args(["run", "--quiet", "--release", "--package", "megamoe", "--"])
+            .args(["run", "--quiet", "--release", "-p", "megamoe-cli", "--"])
             .args(args))
     };
     let dir_str = dir.to_string_lossy().into_owned();
@@ -175,7 +175,7 @@ fn demo(
             let gpu_str = gpu_dir.to_string_lossy().into_owned();
             let env = toolchain::ensure(root)?;
             run(cargo(root)
-                .args(["run", "--quiet", "--release", "--package", "megamoe", "--"])
+                .args(["run", "--quiet", "--release", "-p", "megamoe-cli", "--"])
                 .args(["run", &gpu_str, "--backend", "cuda"])
                 .envs(env.clone()))?;
             megamoe(&["check", &dir_str, &gpu_str, "--tol", "1e-5"])?;

@@ -4,9 +4,9 @@
 //!
 //! - **local** ([`run_local`], [`forward`]): one process, one thread per rank over
 //!   [`World::local`];
-//! - **process** ([`run_process`], [`run_dir_rank`], launched by [`spawn_rank_processes`] or
-//!   torchrun): one process per rank over [`World::from_env`], each reading only its own rank's
-//!   weights and inputs.
+//! - **process** ([`run_process`], launched by [`spawn_rank_processes`] or torchrun): one process
+//!   per rank over [`World::from_env`], each holding only its own rank's weights and inputs
+//!   ([`forward_rank`]).
 //!
 //! Each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
 //! combine buffer, the barrier's signals) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
@@ -34,7 +34,6 @@ use megamoe_kernel::{Routes, transform_weights};
 use symm_mem::world::RankOutput;
 use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 
-use crate::files::{self, FilesError};
 use crate::{Config, Problem, RankInputs, RankWeights};
 
 /// How long [`spawn_rank_processes`] lets the rank processes run before it kills them (each
@@ -111,8 +110,6 @@ pub enum CudaError {
     Transform(#[from] megamoe_kernel::TransformError),
     #[error(transparent)]
     Problem(#[from] crate::ProblemError),
-    #[error(transparent)]
-    Files(#[from] FilesError),
     #[error("rank {rank}: {source}")]
     Rank {
         rank: usize,
@@ -548,38 +545,6 @@ pub fn forward_rank(
     CudaRank::new(world, config, max_tokens, routes, weights)?.forward(inputs)
 }
 
-/// What one rank of [`run_dir_rank`] did.
-#[derive(Debug, Clone, Copy)]
-pub struct RankRun {
-    pub rank: usize,
-    /// This rank's T.
-    pub tokens: usize,
-    pub times: StageTimes,
-}
-
-/// Collective, one rank of a run of the problem directory `dir`: reads `config.json` and only this
-/// rank's weights and inputs, runs the forward (GEMMs through `routes`) with the other ranks and
-/// writes `y.rank{r}`.
-pub fn run_dir_rank(world: &World, dir: &Path, routes: Routes) -> Result<RankRun, CudaError> {
-    let rank = world.rank();
-    let config = files::read_config(dir)?;
-    let weights = files::read_weights(dir, &config, rank)?;
-    let inputs = files::read_inputs(dir, &config, rank)?;
-    let (y, times) = forward_rank(world, &config, routes, &weights, &inputs)?;
-    let output = files::Output {
-        tokens: inputs.tokens,
-        hidden: config.hidden,
-        y,
-    };
-    files::write_output(&files::output_path(dir, rank), &output)?;
-    tracing::info!(rank, tokens = inputs.tokens, "wrote y");
-    Ok(RankRun {
-        rank,
-        tokens: inputs.tokens,
-        times,
-    })
-}
-
 /// `f` on one rank's world, then (when it succeeded) a barrier, so that no rank releases its
 /// buffers while a peer may still use them; errors name the rank.
 fn on_rank<T>(
@@ -699,36 +664,6 @@ pub fn forward_timed(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn more_ranks_than_gpus_is_an_error_not_a_panic() {
-        let config = Config::tiny().with_ranks(64);
-        let config = Config {
-            num_experts: 64,
-            ..config
-        };
-        let problem = crate::generate::problem(&crate::generate::GenOptions {
-            config,
-            tokens: 1,
-            seed: 1,
-            mask_fraction: 0.0,
-        });
-        let err = forward(&problem, Routes::EXACT).expect_err("no machine here has 64 GPUs");
-        // No GPU: a driver error; fewer than 64: the placement, named.
-        let text = err.to_string();
-        match err {
-            CudaError::Placement { placement, found } => {
-                assert_eq!(placement, Placement::one_gpu_per_rank(64));
-                assert!(found < 64);
-                assert!(
-                    text.contains("64 rank(s) at 1 per GPU need 64 GPU(s)"),
-                    "{text}"
-                );
-            }
-            CudaError::Cuda(e) => assert!(!e.to_string().is_empty()),
-            other => panic!("neither a placement nor a driver error: {other}"),
-        }
-    }
 
     #[test]
     fn failed_rank_processes_are_named_with_their_output() {

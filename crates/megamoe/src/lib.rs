@@ -1,9 +1,9 @@
-//! `megamoe`: the MegaMoE facade: problem configs and presets
-//! ([`config`]), the in-memory problem ([`problem`]), problem files ([`files`]), the random
-//! problem generator ([`generate`]), the CPU reference of the numeric contract ([`reference`](mod@reference)),
-//! the CPU dataflow engine that runs the fused kernel's buffer protocol and scheduler on host
-//! threads ([`dataflow`]), the CUDA backend (the unfused GPU pipeline on local GPUs, a rank per GPU as a thread or a process, [`cuda`]) and its benchmark ([`bench`](mod@bench)),
-//! the comparison metrics ([`check`]). The `megamoe` CLI drives them.
+//! `megamoe`: the MegaMoE facade: problem configs and presets ([`config`]), the in-memory
+//! problem with its validation ([`problem`]) and the handle that runs it, the CUDA backend (the
+//! unfused GPU pipeline on local GPUs, a rank per GPU as a thread or a process, [`cuda`]). What
+//! an application needs and nothing else: the problem files, the generator, the CPU reference
+//! (`megamoe-problems`), the CPU dataflow engine (`megamoe-dataflow`), the benchmark
+//! (`megamoe-bench`) and the `megamoe` CLI (`megamoe-cli`) are crates of their own.
 //!
 //! From a Rust application, a rank per local GPU (threads; [`cuda::run_process`] does the same
 //! as one process of a torchrun-style world; [`cuda::Placement::one_gpu`] puts every rank on one
@@ -25,15 +25,9 @@
 //! # Ok::<(), megamoe::cuda::CudaError>(())
 //! ```
 
-pub mod bench;
-pub mod check;
 pub mod config;
 pub mod cuda;
-pub mod dataflow;
-pub mod files;
-pub mod generate;
 pub mod problem;
-pub mod reference;
 
 pub use config::{Config, ConfigError};
 pub use fp_formats::Recipe;

@@ -10,19 +10,19 @@
 //! f64 reference: 0 on tiny, a few per thousand on V4 shapes).
 //!
 //! The multi-process world: the same sweeps with a process per GPU (this test binary launched once
-//! per rank, VMM symmetric buffers), and `megamoe run --backend cuda --world process` against the
-//! CPU backend through the CLI.
+//! per rank, VMM symmetric buffers); the CLI's process world is `megamoe-cli`'s `gpu_cli`.
+//! Without a GPU, a placement the machine cannot run is refused with an error.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use fp_formats::bf16;
-use megamoe::check::calc_diff;
 use megamoe::cuda::{CudaError, CudaRank, Placement, run_local};
-use megamoe::generate::{self, GenOptions};
-use megamoe::{Config, Problem, RankInputs, Recipe, reference};
+use megamoe::{Config, Problem, RankInputs, Recipe};
 use megamoe_kernel::{Mma, Routes};
+use megamoe_problems::check::calc_diff;
+use megamoe_problems::generate::{self, GenOptions};
+use megamoe_problems::reference;
 use symm_mem::World;
 use symm_mem::world::{is_test_rank, spawn_test_ranks};
 
@@ -692,96 +692,6 @@ fn v4_flash_shape_two_processes() {
     });
 }
 
-/// The `megamoe` CLI: next to this test binary in cargo's target directory, or in the GPU bundle's
-/// `bin/` (`tests/..` of this binary).
-fn megamoe_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_megamoe"));
-    if built.exists() {
-        return built;
-    }
-    let exe = std::env::current_exe().expect("this test binary");
-    exe.parent()
-        .and_then(|tests| tests.parent())
-        .map(|bundle| bundle.join("bin/megamoe"))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "no megamoe binary at {} nor in a bundle's bin/",
-                built.display()
-            )
-        })
-}
-
-fn megamoe_cli(args: &[&str]) -> String {
-    let out = Command::new(megamoe_exe())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run megamoe");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "megamoe {args:?} failed:\n{text}");
-    eprintln!("megamoe {args:?}:\n{text}");
-    text
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn cli_process_world_matches_the_cpu_backend() {
-    if !cuda_rt::testing::gpus_or_skip(2) {
-        return;
-    }
-    let root = std::env::temp_dir().join(format!("megamoe-gpu-cli-{}", std::process::id()));
-    let (cpu, gpu) = (root.join("cpu"), root.join("cuda"));
-    let _ = std::fs::remove_dir_all(&root);
-    // The same seed twice: the same problem in both directories.
-    for dir in [&cpu, &gpu] {
-        megamoe_cli(&[
-            "gen",
-            dir.to_str().unwrap(),
-            "--preset",
-            "tiny",
-            "--ranks",
-            "2",
-            "--tokens",
-            "48",
-            "--seed",
-            "5",
-            "--mask-fraction",
-            "0.2",
-        ]);
-    }
-    let (cpu, gpu) = (cpu.to_str().unwrap(), gpu.to_str().unwrap());
-    megamoe_cli(&["run", cpu, "--backend", "cpu"]);
-    let text = megamoe_cli(&["run", gpu, "--backend", "cuda", "--world", "process"]);
-    assert!(
-        text.contains("rank 0: T = 48") && text.contains("rank 1: T = 48"),
-        "{text}"
-    );
-    let text = megamoe_cli(&["check", cpu, gpu, "--tol", "1e-5"]);
-    assert!(text.contains("PASS"), "{text}");
-    let text = megamoe_cli(&[
-        "bench",
-        "--preset",
-        "tiny",
-        "--ranks",
-        "2",
-        "--tokens",
-        "8",
-        "--reps",
-        "1",
-        "--routes",
-        "mx32/bf16",
-        "--world",
-        "process",
-    ]);
-    assert!(
-        text.contains(megamoe::bench::BenchRow::HEADER) && text.contains("a process each"),
-        "{text}"
-    );
-    let _ = std::fs::remove_dir_all(&root);
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn capacity_overflow_and_token_overflow_are_refused() {
@@ -973,4 +883,35 @@ fn a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on() {
         "rank 1 ends by SIGKILL: {}",
         outputs[1]
     );
+}
+
+#[test]
+fn more_ranks_than_gpus_is_an_error_not_a_panic() {
+    let config = Config::tiny().with_ranks(64);
+    let config = Config {
+        num_experts: 64,
+        ..config
+    };
+    let problem = generate::problem(&GenOptions {
+        config,
+        tokens: 1,
+        seed: 1,
+        mask_fraction: 0.0,
+    });
+    let err =
+        megamoe::cuda::forward(&problem, Routes::EXACT).expect_err("no machine here has 64 GPUs");
+    // No GPU: a driver error; fewer than 64: the placement, named.
+    let text = err.to_string();
+    match err {
+        CudaError::Placement { placement, found } => {
+            assert_eq!(placement, Placement::one_gpu_per_rank(64));
+            assert!(found < 64);
+            assert!(
+                text.contains("64 rank(s) at 1 per GPU need 64 GPU(s)"),
+                "{text}"
+            );
+        }
+        CudaError::Cuda(e) => assert!(!e.to_string().is_empty()),
+        other => panic!("neither a placement nor a driver error: {other}"),
+    }
 }

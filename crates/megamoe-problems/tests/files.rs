@@ -1,11 +1,9 @@
 //! Problem files: round trips, and one test per kind of bad input, each checking the typed
 //! error and that its message names the tensor (or file) and the problem.
 
-mod common;
-
-use common::{TempDir, tiny_problem};
-use megamoe::files::{self, FilesError, Output};
 use megamoe::{ConfigError, Problem, ProblemError, Recipe};
+use megamoe_problems::files::{self, FilesError, Output};
+use megamoe_problems::testing::{TempDir, tiny_problem};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::path::Path;
 

@@ -1,9 +1,7 @@
-//! Helpers shared by the integration tests: temporary directories, small generated problems and
-//! re-splitting one global problem over a different number of ranks.
+//! Helpers for the tests of the crates that run problems: temporary directories, small generated
+//! problems and re-splitting one global problem over a different number of ranks.
 
-#![allow(dead_code)] // each test binary uses its own subset
-
-use megamoe::generate::{self, GenOptions};
+use crate::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, RankWeights, Recipe};
 use std::path::PathBuf;
 

@@ -1,4 +1,4 @@
-//! The `megamoe` CLI: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
+//! `megamoe-cli`, the `megamoe` binary: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
 //! a backend (cpu, cpu-dataflow, cuda), `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
 //! prints `moe_sched`'s per-rank plan of a preset, `bench` times the cuda backend.
 //!
@@ -9,15 +9,15 @@
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use megamoe::check::Comparison;
 use megamoe::cuda::Placement;
-use megamoe::dataflow::{self, EngineOptions};
-use megamoe::files::{self, Output};
-use megamoe::generate::{self, GenOptions};
-use megamoe::reference::Forward;
 use megamoe::{Config, Recipe};
+use megamoe_dataflow::{self as dataflow, EngineOptions};
 use megamoe_kernel::Routes;
 use megamoe_kernel::gemm::{Route, parse_route};
+use megamoe_problems::check::Comparison;
+use megamoe_problems::files::{self, Output};
+use megamoe_problems::generate::{self, GenOptions};
+use megamoe_problems::reference::Forward;
 use moe_sched::{Plan, PlanConfig};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -268,7 +268,7 @@ fn generate_problem(args: GenArgs) -> anyhow::Result<()> {
         "weight rows",
     );
     for rank in 0..config.num_ranks {
-        let weights = generate::rank_weights(&opts, rank, &progress);
+        let weights = generate::rank_weights(&opts, rank, |n| progress.inc(n));
         files::write_weights(&args.dir, &config, rank, &weights)?;
         files::write_inputs(
             &args.dir,
@@ -308,7 +308,7 @@ fn run_cpu(dir: &Path) -> anyhow::Result<()> {
     let pairs = routed_pairs(&inputs);
     let fwd = Forward::new(&config, &inputs);
     let progress = bar(fwd.active_experts() as u64, "experts");
-    let mut fwd = fwd.with_progress(progress.clone());
+    let mut fwd = fwd.with_progress(|n| progress.inc(n));
     let mut compute = Duration::ZERO;
     for owner in 0..config.num_ranks {
         let weights = files::read_weights(dir, &config, owner)?;
@@ -415,11 +415,7 @@ fn run_cuda(
     }
     if world == WorldKind::Process {
         if ProcessEnv::present() {
-            let run = megamoe::cuda::run_process(|world| {
-                megamoe::cuda::run_dir_rank(world, dir, routes)
-            })?;
-            println!("rank {}: T = {}: {}", run.rank, run.tokens, run.times);
-            return Ok(());
+            return run_dir_rank(dir, &config, routes);
         }
         files::check_rank_files(dir, &config)?;
         launch_ranks(placement(config.num_ranks, ranks_per_gpu))?;
@@ -456,6 +452,32 @@ fn run_cuda(
         start.elapsed().as_secs_f64(),
         stages.join("\n")
     );
+    Ok(())
+}
+
+/// This process's rank of a `--world process` run of the problem directory `dir`: reads only its
+/// rank's weights and inputs, runs the forward with the other ranks and writes `y.rank{r}`.
+fn run_dir_rank(dir: &Path, config: &Config, routes: Routes) -> anyhow::Result<()> {
+    let rank = ProcessEnv::from_env()?.rank;
+    let read = || -> anyhow::Result<_> {
+        Ok((
+            files::read_weights(dir, config, rank)?,
+            files::read_inputs(dir, config, rank)?,
+        ))
+    };
+    let (weights, inputs) = read().with_context(|| format!("rank {rank}"))?;
+    let (y, times) = megamoe::cuda::run_process(|world| {
+        megamoe::cuda::forward_rank(world, config, routes, &weights, &inputs)
+    })?;
+    let output = Output {
+        tokens: inputs.tokens,
+        hidden: config.hidden,
+        y,
+    };
+    files::write_output(&files::output_path(dir, rank), &output)
+        .with_context(|| format!("rank {rank}"))?;
+    info!(rank, tokens = inputs.tokens, "wrote y");
+    println!("rank {rank}: T = {}: {times}", inputs.tokens);
     Ok(())
 }
 
@@ -580,7 +602,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if args.world == WorldKind::Process && !ProcessEnv::present() {
         return launch_ranks(placement);
     }
-    let opts = megamoe::bench::BenchOptions {
+    let opts = megamoe_bench::BenchOptions {
         config,
         placement,
         tokens: args.tokens.clone(),
@@ -632,10 +654,10 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                     "; stage kernels unchained"
                 }
             ));
-            say(megamoe::bench::BenchRow::HEADER.to_owned());
+            say(megamoe_bench::BenchRow::HEADER.to_owned());
         }
     };
-    let show = |row: &megamoe::bench::BenchRow| {
+    let show = |row: &megamoe_bench::BenchRow| {
         if !args.json {
             say(row.to_string());
         }
@@ -644,16 +666,16 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let rows = match args.world {
         WorldKind::Local => {
             header();
-            Some(megamoe::bench::run(&opts, show)?)
+            Some(megamoe_bench::run(&opts, show)?)
         }
         // Rank 0 prints the table; the other ranks log their own times.
         WorldKind::Process => megamoe::cuda::run_process(|world| {
             let me = world.rank();
             if me == 0 {
                 header();
-                return Ok(Some(megamoe::bench::run_rank(world, &opts, show)?));
+                return Ok(Some(megamoe_bench::run_rank(world, &opts, show)?));
             }
-            megamoe::bench::run_rank(world, &opts, |row| info!(rank = me, %row, "bench"))?;
+            megamoe_bench::run_rank(world, &opts, |row| info!(rank = me, %row, "bench"))?;
             Ok(None)
         })?,
     };

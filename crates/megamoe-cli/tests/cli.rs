@@ -1,7 +1,7 @@
 //! The `megamoe` binary end to end: gen → run → check (both CPU backends, bit for bit), plan,
 //! and its refusals.
 
-use megamoe::files;
+use megamoe_problems::files;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output as Exit};
 

@@ -1,4 +1,5 @@
-//! `megamoe bench`: the unfused CUDA pipeline ([`crate::cuda`]) timed on R local GPUs for a preset
+//! `megamoe-bench`, the pipeline benchmark of `megamoe bench`: the unfused CUDA pipeline
+//! ([`megamoe::cuda`]) timed on R local GPUs for a preset
 //! (ranks as threads of one process, [`run`], or one process per rank, [`run_rank`]), per route
 //! (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
 //! (`moe_sched::Plan`, uniform routing): device-side wall time (everything but the host's upload of
@@ -19,9 +20,9 @@ use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
 
-use crate::cuda::{CudaError, CudaRank, Placement, StageTimes, agree_max, run_local};
-use crate::generate::{self, GenOptions};
-use crate::{Config, RankInputs, RankWeights, Recipe};
+use megamoe::cuda::{CudaError, CudaRank, Placement, StageTimes, agree_max, run_local};
+use megamoe::{Config, RankInputs, RankWeights, Recipe};
+use megamoe_problems::generate::{self, GenOptions};
 
 /// What to measure.
 #[derive(Clone, Debug)]

@@ -1,15 +1,13 @@
 //! The CPU reference against hand-computed values, against itself under different rank
 //! splits and row orders, and against the unquantized f32 forward.
 
-mod common;
-
-use common::{resplit, tiny_problem};
 use fp_formats::quant::{self, WEIGHT_BLOCK};
 use fp_formats::{TieMode, bf16, bf16_rn};
-use megamoe::check::calc_diff;
-use megamoe::generate::{self, GenOptions};
-use megamoe::reference::{self, ActRows, ReferenceError, RowRoute};
 use megamoe::{Config, Problem, RankInputs, RankWeights, Recipe};
+use megamoe_problems::check::calc_diff;
+use megamoe_problems::generate::{self, GenOptions};
+use megamoe_problems::reference::{self, ActRows, ReferenceError, RowRoute};
+use megamoe_problems::testing::{resplit, tiny_problem};
 use rstest::rstest;
 
 fn bits(y: &[Vec<bf16>]) -> Vec<u16> {

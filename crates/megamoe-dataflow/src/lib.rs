@@ -1,4 +1,4 @@
-//! The CPU dataflow engine (`megamoe run --backend cpu-dataflow`): the fused kernel's dataflow
+//! `megamoe-dataflow`: the CPU dataflow engine (`megamoe run --backend cpu-dataflow`): the fused kernel's dataflow
 //! on host threads, so the buffer protocol the GPU kernel follows is exercised, and its
 //! bookkeeping tested, on any machine. R ranks, each with D dispatch threads (the dispatch
 //! warps) and W GEMM workers (the persistent CTAs), run over one host-memory symmetric buffer
@@ -17,8 +17,8 @@
 //!    mask and writes BF16 results into the SOURCE rank's combine slot `[j][t]`; global barrier;
 //! 4. combine: per token, valid slots in increasing j, f32 sum, BF16.
 //!
-//! All per-row math is [`crate::reference`]'s (same GEMM sums, epilogue, rounding, combine), so
-//! results are bitwise equal to [`crate::reference::forward`]. Routings that do not fit the
+//! All per-row math is [`megamoe_problems::reference`]'s (same GEMM sums, epilogue, rounding, combine), so
+//! results are bitwise equal to [`reference::forward`](megamoe_problems::reference::forward). Routings that do not fit the
 //! buffer are refused before any thread starts; every wait is bounded by a timeout that fails
 //! the run with an error instead of hanging.
 //!
@@ -29,9 +29,9 @@
 mod rank;
 mod world;
 
-use crate::config::{Config, ConfigError};
-use crate::problem::{ProblemError, RankInputs, RankWeights};
 use fp_formats::{Recipe, bf16};
+use megamoe::config::{Config, ConfigError};
+use megamoe::problem::{ProblemError, RankInputs, RankWeights};
 use moe_sched::heuristics::{
     BLOCK_M_CANDIDATES, DEFAULT_BLOCK_N, WaveInputs, choose_block_m, choose_experts_per_wave,
     expected_tokens_per_expert,

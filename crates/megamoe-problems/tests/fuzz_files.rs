@@ -1,4 +1,4 @@
-//! Fuzzing of the problem directory reader (`megamoe::files`). Each target starts from a valid
+//! Fuzzing of the problem directory reader (`megamoe_problems::files`). Each target starts from a valid
 //! problem that the crate's own generator and writer put on disk, mutates one file and reads the
 //! directory back: safetensors files are truncated, get other length fields, headers (dtypes,
 //! shapes, offsets, names, duplicates, metadata, padding, arbitrary bytes) and data bytes (NaN
@@ -7,14 +7,12 @@
 //! never a panic, never an `Io` error (every file is there and readable, so one would mean a read
 //! past the end), and never an allocation larger than the largest file of the directory.
 
-mod common;
-
-use common::TempDir;
 use fuzz_harness::{LargestAllocation, fuzz};
-use megamoe::files::{self, FilesError, Output};
-use megamoe::generate::{self, GenOptions};
 use megamoe::problem::{input_shapes, weight_shapes};
 use megamoe::{Config, Recipe};
+use megamoe_problems::files::{self, FilesError, Output};
+use megamoe_problems::generate::{self, GenOptions};
+use megamoe_problems::testing::TempDir;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use serde_json::{Map, Value, json};

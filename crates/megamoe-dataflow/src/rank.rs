@@ -7,10 +7,10 @@
 
 use super::EngineError;
 use super::world::{RankThread, Stop, World};
-use crate::config::Config;
-use crate::problem::RankWeights;
-use crate::reference::{self, Exec};
 use fp_formats::bf16;
+use megamoe::config::Config;
+use megamoe::problem::RankWeights;
+use megamoe_problems::reference::{self, Exec};
 use moe_sched::{Block, Layer, PoolLayout, ScheduleShape, WaveSchedule, peel_interleave_slot};
 use std::ops::Range;
 use std::sync::atomic::Ordering;

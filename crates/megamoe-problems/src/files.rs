@@ -3,9 +3,9 @@
 //! `y.rank{r}.safetensors`. Reading checks dtypes, shapes, rank counts and contents, and every
 //! error names the file and tensor.
 
-use crate::config::{Config, ConfigError};
-use crate::problem::{self, Problem, ProblemError, RankInputs, RankWeights};
 use fp_formats::bf16;
+use megamoe::config::{Config, ConfigError};
+use megamoe::problem::{self, Problem, ProblemError, RankInputs, RankWeights};
 use safetensors::tensor::{Dtype, Metadata, SafeTensorError, TensorInfo, TensorView};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use std::collections::HashSet;

@@ -7,11 +7,10 @@
 //! layer, global expert, row) and every token from (seed, rank, token), so generation is
 //! parallel, reproducible, and the same global problem comes out for any rank count.
 
-use crate::config::Config;
-use crate::problem::{DenseInputs, Problem, RankInputs, RankWeights};
 use fp_formats::TieMode;
 use fp_formats::quant::{self, WEIGHT_BLOCK};
-use indicatif::ProgressBar;
+use megamoe::config::Config;
+use megamoe::problem::{DenseInputs, Problem, RankInputs, RankWeights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -169,8 +168,8 @@ pub fn weight_rows(config: &Config) -> u64 {
 }
 
 /// Quantized weights of `rank`: every row is drawn and quantized on the fly by the rayon pool
-/// (never the whole rank in f32). Ticks `progress` once per row.
-pub fn rank_weights(opts: &GenOptions, rank: usize, progress: &ProgressBar) -> RankWeights {
+/// (never the whole rank in f32). Calls `progress(1)` once per row, from the pool's threads.
+pub fn rank_weights(opts: &GenOptions, rank: usize, progress: impl Fn(u64) + Sync) -> RankWeights {
     let c = &opts.config;
     let first_expert = rank * c.experts_per_rank();
     let quantize = |layer: Layer| {
@@ -193,7 +192,7 @@ pub fn rank_weights(opts: &GenOptions, rank: usize, progress: &ProgressBar) -> R
                         w,
                     );
                     quant::quantize_fp4_row(w, TieMode::NearestEven, p, s);
-                    progress.inc(1);
+                    progress(1);
                 },
             );
         (packed, sf)
@@ -251,7 +250,7 @@ pub fn problem(opts: &GenOptions) -> Problem {
         config: opts.config,
         weights: ranks
             .clone()
-            .map(|r| rank_weights(opts, r, &ProgressBar::hidden()))
+            .map(|r| rank_weights(opts, r, |_| {}))
             .collect(),
         inputs: ranks.map(|r| rank_inputs(opts, r)).collect(),
     }
@@ -288,9 +287,9 @@ mod tests {
     /// Weights are keyed by global expert, so the rank count does not change them.
     #[test]
     fn weights_do_not_depend_on_the_rank_split() {
-        let one = rank_weights(&opts(1, Recipe::Mx32), 0, &ProgressBar::hidden());
+        let one = rank_weights(&opts(1, Recipe::Mx32), 0, |_| {});
         let two: Vec<RankWeights> = (0..2)
-            .map(|r| rank_weights(&opts(2, Recipe::Mx32), r, &ProgressBar::hidden()))
+            .map(|r| rank_weights(&opts(2, Recipe::Mx32), r, |_| {}))
             .collect();
         assert_eq!(one.w1, [two[0].w1.clone(), two[1].w1.clone()].concat());
         assert_eq!(

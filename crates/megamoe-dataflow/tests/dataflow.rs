@@ -3,13 +3,12 @@
 //! and block sizes; routings the buffer cannot hold and bad L1 outputs are refused with typed
 //! errors; random small problems (proptest).
 
-mod common;
-
-use common::{resplit, tiny_problem};
 use fp_formats::bf16;
-use megamoe::dataflow::{self, DataflowEngine, DataflowRun, EngineError, EngineOptions};
-use megamoe::generate::{self, GenOptions};
-use megamoe::{Config, Problem, Recipe, reference};
+use megamoe::{Config, Problem, Recipe};
+use megamoe_dataflow::{self as dataflow, DataflowEngine, DataflowRun, EngineError, EngineOptions};
+use megamoe_problems::generate::{self, GenOptions};
+use megamoe_problems::reference;
+use megamoe_problems::testing::{resplit, tiny_problem};
 use moe_sched::{RoutingStats, SchedError};
 use proptest::prelude::*;
 use rstest::rstest;

@@ -7,14 +7,13 @@
 //! tests), [`Forward`] / [`forward`] (the whole layer), [`forward_f32`] (the layer in f32, for sanity checks).
 //!
 //! The per-block pieces ([`l1_acc`], [`l1_epilogue_row`], [`l2_acc`], [`combine_token`]) are
-//! the ONE implementation of the per-row math: the CPU dataflow engine ([`crate::dataflow`])
+//! the ONE implementation of the per-row math: the CPU dataflow engine (`megamoe-dataflow`)
 //! calls them on its pool blocks, which is why its results are bitwise equal to [`forward`].
 
-use crate::config::Config;
-use crate::problem::{DenseInputs, DenseWeights, RankInputs, RankWeights};
 use fp_formats::quant::WEIGHT_BLOCK;
 use fp_formats::{bf16, bf16_rn, e2m1, quant, ue8m0};
-use indicatif::ProgressBar;
+use megamoe::config::Config;
+use megamoe::problem::{DenseInputs, DenseWeights, RankInputs, RankWeights};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -634,7 +633,8 @@ pub struct Forward<'a> {
     slots: Vec<Vec<bf16>>,
     /// Which owner ranks have run: combining before all have would silently drop slots.
     owners_done: Vec<bool>,
-    progress: ProgressBar,
+    /// Called with 1 per (owner rank, expert) done: the caller's progress report, if any.
+    progress: Box<dyn FnMut(u64) + 'a>,
 }
 
 impl<'a> Forward<'a> {
@@ -650,14 +650,15 @@ impl<'a> Forward<'a> {
             inputs,
             slots,
             owners_done: vec![false; config.num_ranks],
-            progress: ProgressBar::hidden(),
+            progress: Box::new(|_| {}),
         }
     }
 
-    /// Ticks `bar` once per (owner rank, expert) with routed tokens; see [`Forward::active_experts`].
-    pub fn with_progress(self, bar: ProgressBar) -> Self {
+    /// Calls `progress(1)` once per (owner rank, expert) with routed tokens; see
+    /// [`Forward::active_experts`].
+    pub fn with_progress(self, progress: impl FnMut(u64) + 'a) -> Self {
         Forward {
-            progress: bar,
+            progress: Box::new(progress),
             ..self
         }
     }
@@ -696,7 +697,7 @@ impl<'a> Forward<'a> {
             for (s, row) in refs.iter().zip(y.chunks_exact(h)) {
                 self.slots[s.rank][(s.token * k + s.slot) * h..][..h].copy_from_slice(row);
             }
-            self.progress.inc(1);
+            (self.progress)(1);
         }
         self.owners_done[owner] = true;
         Ok(())
@@ -745,7 +746,7 @@ pub fn forward(
 /// order, but no FP8 activations, no BF16 rounding of g, u, the L2 output or y, and no
 /// re-quantization of h. What it measures is the activation-side quantization of the contract.
 ///
-/// [`RankWeights::dequantize`]: crate::problem::RankWeights::dequantize
+/// [`RankWeights::dequantize`]: megamoe::problem::RankWeights::dequantize
 pub fn forward_f32(
     config: &Config,
     weights: &[DenseWeights],
