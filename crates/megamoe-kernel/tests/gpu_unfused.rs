@@ -78,6 +78,33 @@ fn rank_0_of_two(
     (pipe, buffers, bases)
 }
 
+/// One rank's inputs (g128 scales all 2^0).
+struct Inputs {
+    topk: Vec<i64>,
+    weights: Vec<f32>,
+    x: Vec<u8>,
+    x_sf: Vec<u8>,
+}
+
+/// Fresh random inputs of `tokens` tokens: ids skewed to expert `hot` (about half the slots), a
+/// tenth of the slots masked.
+fn skewed_inputs(tokens: usize, k: usize, h: usize, experts: usize, hot: i64, seed: u64) -> Inputs {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let topk = (0..tokens * k)
+        .map(|_| match rng.random_range(0..10) {
+            0 => -1,
+            1..=4 => hot,
+            _ => rng.random_range(0..experts as i64),
+        })
+        .collect();
+    Inputs {
+        topk,
+        weights: (0..tokens * k).map(|_| rng.random()).collect(),
+        x: (0..tokens * h).map(|_| rng.random_range(0..0x7e)).collect(),
+        x_sf: vec![127u8; tokens * h / 128],
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn device_routes_match_their_host_twin() {
@@ -87,18 +114,12 @@ fn device_routes_match_their_host_twin() {
     let (mut pipe, buffers, bases) = rank_0_of_two(&gpu, experts, tokens);
     let s = pipe.shape;
     let (h, k, el) = (s.hidden, s.top_k, s.experts_per_rank());
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    // Skewed ids (expert 0 takes about half), masked slots, fresh data.
-    let topk: Vec<i64> = (0..tokens * k)
-        .map(|_| match rng.random_range(0..10) {
-            0 => -1,
-            1..=4 => 0,
-            _ => rng.random_range(0..experts as i64),
-        })
-        .collect();
-    let weights: Vec<f32> = (0..tokens * k).map(|_| rng.random()).collect();
-    let x: Vec<u8> = (0..tokens * h).map(|_| rng.random_range(0..0x7e)).collect();
-    let x_sf = vec![127u8; tokens * h / 128];
+    let Inputs {
+        topk,
+        weights,
+        x,
+        x_sf,
+    } = skewed_inputs(tokens, k, h, experts, 0, 7);
     let ours = pipe.set_inputs(&gpu, &x, &x_sf, &topk, &weights).unwrap();
     // Rank 1's counts: some rows ahead of ours in every expert.
     let theirs: Vec<u32> = (0..experts).map(|e| 3 * e as u32 + 1).collect();
@@ -239,17 +260,12 @@ fn the_device_plan_matches_its_host_twin() {
     let s = pipe.shape;
     let (h, k, el) = (s.hidden, s.top_k, s.experts_per_rank());
     let layout = s.peer_layout();
-    let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let topk: Vec<i64> = (0..tokens * k)
-        .map(|_| match rng.random_range(0..10) {
-            0 => -1,
-            1..=4 => 4,
-            _ => rng.random_range(0..experts as i64),
-        })
-        .collect();
-    let weights: Vec<f32> = (0..tokens * k).map(|_| rng.random()).collect();
-    let x: Vec<u8> = (0..tokens * h).map(|_| rng.random_range(0..0x7e)).collect();
-    let x_sf = vec![127u8; tokens * h / 128];
+    let Inputs {
+        topk,
+        weights,
+        x,
+        x_sf,
+    } = skewed_inputs(tokens, k, h, experts, 4, 9);
     let ours = pipe.set_inputs(&gpu, &x, &x_sf, &topk, &weights).unwrap();
     // Rank 1's row of our counts table, as its uf_count would publish it (rank 1 is a buffer here,
     // so no rank barrier: the stream orders our own row before uf_plan).

@@ -96,6 +96,24 @@ fn problem(config: Config, tokens: usize, seed: u64, mask: f64) -> Problem {
     })
 }
 
+/// Tiny two-rank problems of every route, skewed (`skew`), named "tiny skewed ROUTE `what`".
+fn tiny_skewed_two_ranks(
+    tokens: usize,
+    seed: u64,
+    mask: f64,
+    what: &str,
+) -> Vec<(String, Problem, Routes)> {
+    ROUTES
+        .into_iter()
+        .map(|(recipe, routes)| {
+            let config = Config::tiny().with_recipe(recipe).with_ranks(2);
+            let mut p = problem(config, tokens, seed, mask);
+            skew(&mut p);
+            (format!("tiny skewed {recipe}/{routes} {what}"), p, routes)
+        })
+        .collect()
+}
+
 /// Routes most slots of most tokens to experts of the last rank (expert E−1−j for slot j), and
 /// masks every slot of token 3.
 fn skew(problem: &mut Problem) {
@@ -655,21 +673,7 @@ fn tiny_two_processes_every_route() {
         "tiny_two_processes_every_route",
         placement,
         &[128, 7, 1, 0],
-        || {
-            ROUTES
-                .into_iter()
-                .map(|(recipe, routes)| {
-                    let config = Config::tiny().with_recipe(recipe).with_ranks(2);
-                    let mut p = problem(config, 128, 41, 0.25);
-                    skew(&mut p);
-                    (
-                        format!("tiny skewed {recipe}/{routes} R=2 processes"),
-                        p,
-                        routes,
-                    )
-                })
-                .collect()
-        },
+        || tiny_skewed_two_ranks(128, 41, 0.25, "R=2 processes"),
     );
 }
 
@@ -757,21 +761,7 @@ fn two_processes_sharing_one_gpu_every_route() {
         "two_processes_sharing_one_gpu_every_route",
         placement,
         &[64, 7, 0],
-        || {
-            ROUTES
-                .into_iter()
-                .map(|(recipe, routes)| {
-                    let config = Config::tiny().with_recipe(recipe).with_ranks(2);
-                    let mut p = problem(config, 64, 75, 0.1);
-                    skew(&mut p);
-                    (
-                        format!("tiny skewed {recipe}/{routes} R=2 processes on one GPU"),
-                        p,
-                        routes,
-                    )
-                })
-                .collect()
-        },
+        || tiny_skewed_two_ranks(64, 75, 0.1, "R=2 processes on one GPU"),
     );
 }
 

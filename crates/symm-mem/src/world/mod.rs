@@ -66,14 +66,14 @@ impl World {
         // persistent grids are resident beside the others'.
         let mut shares: HashMap<usize, std::vec::IntoIter<Gpu>> = HashMap::new();
         for &ordinal in ordinals {
-            if !shares.contains_key(&ordinal) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = shares.entry(ordinal) {
                 let ranks = ordinals.iter().filter(|&&o| o == ordinal).count();
                 let gpus = if ranks == 1 {
                     vec![Gpu::open(ordinal)?]
                 } else {
                     Gpu::split(ordinal, ranks)?
                 };
-                shares.insert(ordinal, gpus.into_iter());
+                slot.insert(gpus.into_iter());
             }
         }
         let gpus: Vec<Gpu> = ordinals
