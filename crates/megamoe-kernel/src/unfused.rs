@@ -1428,8 +1428,19 @@ impl Pipeline {
         jit: &Jit,
         second: bool,
     ) -> Result<(Mma, usize, Fold), UnfusedError> {
-        let mma = self.layer_mma(second);
         let bn = self.tokens_per_tile();
+        self.core_of_tile(gpu, jit, second, bn)
+    }
+
+    /// [`Self::core`] for token tile `bn`.
+    fn core_of_tile(
+        &mut self,
+        gpu: &Gpu,
+        jit: &Jit,
+        second: bool,
+        bn: usize,
+    ) -> Result<(Mma, usize, Fold), UnfusedError> {
+        let mma = self.layer_mma(second);
         let fold = if second { self.w2.fold } else { self.w1.fold };
         if let Entry::Vacant(slot) = self.cores.entry((mma, bn, fold)) {
             let plan = TilePlan::new(mma, bn)?.with_fold(fold);
@@ -1446,6 +1457,24 @@ impl Pipeline {
             self.core(gpu, jit, true)?;
         }
         Ok(())
+    }
+
+    /// Compiles every GEMM core a forward of this pipeline can pick — each token tile up to the
+    /// one for a pool full of one expert's rows, for both layers — so that no forward compiles
+    /// (a first batch of a new size would otherwise stall every rank). Returns how many cores the
+    /// pipeline holds.
+    pub fn warm_up(&mut self, gpu: &Gpu, jit: &Jit) -> Result<usize, UnfusedError> {
+        let largest = TilePlan::tokens_per_tile_for(self.shape.pool_rows as f64);
+        for bn in TOKEN_TILES.into_iter().filter(|&bn| bn <= largest) {
+            self.core_of_tile(gpu, jit, false, bn)?;
+            self.core_of_tile(gpu, jit, true, bn)?;
+        }
+        Ok(self.cores.len())
+    }
+
+    /// How many GEMM cores the pipeline has compiled so far ([`Self::warm_up`]).
+    pub fn compiled_gemms(&self) -> usize {
+        self.cores.len()
     }
 
     /// The token tile of the GEMMs for this forward's pool.

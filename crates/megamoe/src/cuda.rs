@@ -263,7 +263,7 @@ impl<'w> CudaRank<'w> {
     /// Collective: transforms and uploads this rank's `weights` for the GEMMs' `routes` (an
     /// [`megamoe_kernel::Mma`] for both, or [`Routes`]), and allocates
     /// the symmetric buffer and the pools for `max_tokens` tokens per rank (every rank passes the
-    /// same).
+    /// same). Kernels compile through a [`Jit`] with the default cache.
     pub fn new(
         world: &'w World,
         config: &Config,
@@ -276,15 +276,18 @@ impl<'w> CudaRank<'w> {
             config,
             pipeline_shape(config, max_tokens, routes)?,
             weights,
+            Jit::new()?,
         )
     }
 
-    /// [`CudaRank::new`] with an explicit shape (e.g. smaller pools than the worst case).
+    /// [`CudaRank::new`] with an explicit shape (e.g. smaller pools than the worst case) and the
+    /// caller's [`Jit`] (its toolkit and cache, or none: `Jit::without_cache`).
     pub fn with_shape(
         world: &'w World,
         config: &Config,
         shape: PipelineShape,
         weights: &RankWeights,
+        jit: Jit,
     ) -> Result<Self, CudaError> {
         if world.num_ranks() != config.num_ranks {
             return Err(CudaError::Exchange(format!(
@@ -303,7 +306,6 @@ impl<'w> CudaRank<'w> {
         let w1 = transform_weights(routes.l1, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
         let w2 = transform_weights(routes.l2, &weights.w2, &weights.w2_sf, el, h, i)?;
         let gpu = world.local_gpu();
-        let jit = Jit::new()?;
         let symm = world.alloc_symmetric(shape.peer_layout().bytes)?;
         // SAFETY: `symm.bases()` are every rank's live buffer of `peer_layout().bytes` bytes, mapped
         // in this process for this GPU (peer access or VMM import: World::alloc_symmetric); `symm`
@@ -351,6 +353,18 @@ impl<'w> CudaRank<'w> {
     }
 
     /// Poisons y, the combine buffer and the GEMM outputs (tests).
+    /// Compiles every GEMM specialization a forward of any T ≤ `max_tokens` can pick, so that no
+    /// forward compiles (a rank compiling mid-forward holds its peers at the barriers). Returns how
+    /// many GEMM cores the rank holds.
+    pub fn warm_up(&mut self) -> Result<usize, CudaError> {
+        Ok(self.pipe.warm_up(self.world.local_gpu(), &self.jit)?)
+    }
+
+    /// How many GEMM cores this rank has compiled ([`Self::warm_up`]).
+    pub fn compiled_gemms(&self) -> usize {
+        self.pipe.compiled_gemms()
+    }
+
     pub fn poison(&mut self) -> Result<(), CudaError> {
         let gpu = self.world.local_gpu();
         self.pipe.poison(gpu)?;

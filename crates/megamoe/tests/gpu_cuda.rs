@@ -704,7 +704,8 @@ fn capacity_overflow_and_token_overflow_are_refused() {
     let errs = run_local(Placement::one_gpu_per_rank(1), |world| {
         let mut shape = megamoe::cuda::pipeline_shape(&p.config, 32, Mma::Fp8)?;
         shape.pool_rows = 16; // 64 routed pairs cannot fit
-        let mut rank = CudaRank::with_shape(world, &p.config, shape, &p.weights[0])?;
+        let jit = cuda_rt::Jit::new()?;
+        let mut rank = CudaRank::with_shape(world, &p.config, shape, &p.weights[0], jit)?;
         let capacity = rank
             .forward(&p.inputs[0])
             .expect_err("16 pool rows are too few");
@@ -904,4 +905,52 @@ fn more_ranks_than_gpus_is_an_error_not_a_panic() {
         CudaError::Cuda(e) => assert!(!e.to_string().is_empty()),
         other => panic!("neither a placement nor a driver error: {other}"),
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn after_warm_up_no_forward_compiles() {
+    // Forwards whose pools pick every token tile (T = 1 … 8192 on tiny: 16 … 256 tokens), after
+    // warm_up: the same GEMM cores as warm_up left, every y right.
+    let config = Config::tiny().with_recipe(Recipe::G128);
+    let p = problem(config, 8192, 91, 0.05);
+    run_local(Placement::one_gpu_per_rank(1), |world| {
+        let mut rank = CudaRank::new(world, &config, 8192, Routes::EXACT_L1, &p.weights[0])?;
+        let cores = rank.warm_up()?;
+        assert!(
+            cores >= 2 * megamoe_kernel::gemm::TOKEN_TILES.len(),
+            "{cores} cores"
+        );
+        for t in [1, 30, 128, 1000, 8192] {
+            let inputs = truncate(&p.inputs[0], &config, t);
+            rank.poison()?;
+            let (y, _) = rank.forward(&inputs)?;
+            assert_eq!(
+                rank.compiled_gemms(),
+                cores,
+                "T = {t}: a forward compiled a GEMM"
+            );
+            let stride = if t > 1000 { 97 } else { 1 };
+            let picked: Vec<usize> = (0..t).step_by(stride).collect();
+            let sub = select(&inputs, &config, &picked);
+            let want = reference::forward(&config, &p.weights, std::slice::from_ref(&sub))
+                .expect("reference");
+            let got: Vec<bf16> = picked
+                .iter()
+                .flat_map(|&i| y[i * config.hidden..][..config.hidden].to_vec())
+                .collect();
+            compare_rank(
+                &format!("after warm_up, T = {t}"),
+                &config,
+                0,
+                &sub,
+                &got,
+                &want[0],
+                TOL,
+            );
+        }
+        eprintln!("warm_up: {cores} GEMM cores; forwards at T = 1 … 8192 compiled none");
+        Ok(())
+    })
+    .expect("the forwards run");
 }
