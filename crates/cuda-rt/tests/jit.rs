@@ -57,6 +57,7 @@ fn compiles_the_selftest_kernels_to_cubin_for_both_arches() {
                 "grid_barrier",
                 "saxpy",
                 "smem_reverse",
+                "smid_rendezvous",
                 "tma_load_2d"
             ],
             "{arch}: ptxas report:\n{}",
