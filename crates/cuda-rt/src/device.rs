@@ -113,6 +113,15 @@ impl Gpu {
 
     /// Opens device `ordinal` (retains its primary context, creates a stream).
     pub fn open(ordinal: usize) -> Result<Self> {
+        let (info, ctx) = Self::primary_context(ordinal)?;
+        let stream = ctx.new_stream().call("cuStreamCreate")?;
+        tracing::debug!(?info, "GPU opened");
+        Ok(Self { info, ctx, stream })
+    }
+
+    /// Device `ordinal`'s description and its primary context, retained, with cudarc's event
+    /// tracking off: every handle on it does all its work on its one stream.
+    pub(crate) fn primary_context(ordinal: usize) -> Result<(DeviceInfo, Arc<CudaContext>)> {
         let count = Self::count()?;
         if count == 0 {
             return Err(Error::NoDevice);
@@ -123,11 +132,10 @@ impl Gpu {
         let info = DeviceInfo::query(ordinal)?;
         let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
         // SAFETY: every buffer of this context object is allocated, used and freed (stream-ordered)
-        // on the one stream created next, so there is no cross-stream order for events to keep.
+        // on the one stream of the handle it goes to, so there is no cross-stream order for events
+        // to keep.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().call("cuStreamCreate")?;
-        tracing::debug!(?info, "GPU opened");
-        Ok(Self { info, ctx, stream })
+        Ok((info, ctx))
     }
 
     /// A handle from its parts (a share of the SMs, [`Gpu::split`]).

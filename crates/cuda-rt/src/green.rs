@@ -140,20 +140,20 @@ impl Gpu {
     /// the device's primary context's, as for [`Gpu::open`]. Splitting a device again into as
     /// many parts returns the same shares.
     pub fn split(ordinal: usize, parts: usize) -> Result<Vec<Gpu>> {
-        let whole = Gpu::open(ordinal)?;
+        let (info, ctx) = Gpu::primary_context(ordinal)?;
         let shares = shares(ordinal, parts)?;
         Ok(shares
             .iter()
             .map(|share| {
                 // SAFETY: the share's stream belongs to a green context of this device and lives
                 // as long as the process; all of a handle's work is on it (as for Gpu::open).
-                let stream = unsafe { whole.context().wrap_borrowed_stream(share.stream) };
+                let stream = unsafe { ctx.wrap_borrowed_stream(share.stream) };
                 Gpu::from_parts(
                     DeviceInfo {
                         sm_count: share.sm_count,
-                        ..whole.info().clone()
+                        ..info.clone()
                     },
-                    whole.context().clone(),
+                    ctx.clone(),
                     stream,
                 )
             })

@@ -911,10 +911,12 @@ pub struct Pipeline {
     peers: CudaSlice<u8>,
     /// This rank's `symm_mem::SymmBuffer` view of every rank's buffer, for the cross-rank barrier.
     barrier_view: CudaSlice<u8>,
-    /// The barrier's error word: this rank's own, 0 while the ranks are in step.
-    barrier_error: CudaSlice<u64>,
-    /// The device plan's error words (`uf_count`, `uf_plan`): 0 while the routes are valid and fit.
-    plan_error: CudaSlice<u64>,
+    /// The error words a forward's kernels leave, read in one copy by [`Pipeline::check_errors`]:
+    /// `[0]` the barrier's (this rank's own, 0 while the ranks are in step), `[1..3]` the device
+    /// plan's (`uf_count`, `uf_plan`: 0 while the routes are valid and fit).
+    error_words: CudaSlice<u64>,
+    /// The GEMM cores this forward launched (keys of `cores`): only their error words can be set.
+    launched: Vec<(Mma, usize, Fold)>,
     barrier_timeout: Duration,
     /// This forward's rows from peers go through `l1_staged` (set_plans).
     staged_rows: bool,
@@ -1011,8 +1013,8 @@ impl Pipeline {
             base: peer_bases[rank],
             peers: gpu.upload(bytemuck::bytes_of(&table))?,
             barrier_view: gpu.upload(bytemuck::bytes_of(&view))?,
-            barrier_error: gpu.alloc_zeros(1)?,
-            plan_error: gpu.alloc_zeros(2)?,
+            error_words: gpu.alloc_zeros(3)?,
+            launched: Vec::with_capacity(2),
             barrier_timeout: barriers::DEFAULT_TIMEOUT,
             staged_rows: false,
             chain: LaunchChain {
@@ -1119,6 +1121,7 @@ impl Pipeline {
         gpu.upload_into(&idx32, &mut inputs.topk_idx)?;
         gpu.upload_into(topk_weights, &mut inputs.topk_w)?;
         self.tokens = Some(tokens);
+        self.launched.clear();
         Ok(counts)
     }
 
@@ -1208,7 +1211,7 @@ impl Pipeline {
         }
         let stream = gpu.stream();
         let (view, _g0) = self.barrier_view.device_ptr(stream);
-        let (error_word, _g1) = self.barrier_error.device_ptr(stream);
+        let error_word = self.error_words.slice(0..1).device_ptr(stream).0;
         let params = RankBarrierParams {
             view,
             signals: self.own().signals,
@@ -1233,13 +1236,14 @@ impl Pipeline {
     /// naming the rank that did not arrive, or of a GEMM launch's in-kernel wait
     /// ([`GemmCore::check_error`]). Either leaves the forward's results void and the pipeline out of
     /// step (the ranks: every later barrier fails at once; a GEMM core: its hand-over flags):
-    /// rebuild the pipelines. One word per error word: the barrier's and each GEMM core's.
+    /// rebuild the pipelines. One copy of this pipeline's error words, and one per GEMM core this
+    /// forward launched.
     pub fn check_errors(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
-        let word = gpu.download(&self.barrier_error)?[0];
-        barriers::check_error_word(word)?;
-        plan_error(&gpu.download(&self.plan_error)?, self.shape)?;
-        for core in self.cores.values() {
-            core.check_error(gpu)?;
+        let words = gpu.download(&self.error_words)?;
+        barriers::check_error_word(words[0])?;
+        plan_error(&words[1..3], self.shape)?;
+        for key in &self.launched {
+            self.cores[key].check_error(gpu)?;
         }
         Ok(())
     }
@@ -1252,11 +1256,11 @@ impl Pipeline {
     pub fn count_routes(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
         let tokens = self.tokens.expect("set_inputs before count_routes");
-        gpu.memset(&mut self.plan_error, 0)?;
+        gpu.memset(&mut self.error_words.slice_mut(1..3), 0)?;
         let stream = gpu.stream();
         let (topk_idx, _g0) = self.inputs.topk_idx.device_ptr(stream);
         let (peers, _g1) = self.peers.device_ptr(stream);
-        let (error, _g2) = self.plan_error.device_ptr_mut(stream);
+        let error = self.error_words.slice_mut(1..3).device_ptr_mut(stream).0;
         let params = CountParams {
             topk_idx,
             peers,
@@ -1296,7 +1300,7 @@ impl Pipeline {
         let [first_row, expert_offset, expert_rows] =
             Self::plan_tables(&s).map(|table| self.plan_dev.slice(table).device_ptr(stream).0);
         let counts = self.own().counts;
-        let (error, _g0) = self.plan_error.device_ptr_mut(stream);
+        let error = self.error_words.slice_mut(1..3).device_ptr_mut(stream).0;
         let params = PlanParams {
             counts,
             first_row,
@@ -1492,6 +1496,9 @@ impl Pipeline {
             return Ok(());
         }
         let key = self.core(gpu, jit, second)?;
+        if !self.launched.contains(&key) {
+            self.launched.push(key);
+        }
         let mma = key.0;
         let plan = self.plan.as_ref().expect("plan");
         let [_, offset_table, rows_table] = Self::plan_tables(&self.shape);
