@@ -131,9 +131,18 @@ __device__ __forceinline__ void grid_barrier(u64* word, u32 num_blocks) {
     __syncthreads();
 }
 
+// The grid's block count is read afresh at every barrier: a kernel with other work between its
+// barriers (the fused MoE kernel's GEMM roles) must not hold it in a register, or spill it, across.
+__device__ __forceinline__ u32 grid_blocks() {
+    u32 x, y, z;
+    asm volatile("mov.u32 %0, %%nctaid.x;\n\tmov.u32 %1, %%nctaid.y;\n\tmov.u32 %2, %%nctaid.z;"
+                 : "=r"(x), "=r"(y), "=r"(z));
+    return x * y * z;
+}
+
 template <Scope kPublish = Scope::Gpu>
 __device__ __forceinline__ void grid_barrier(u64* word) {
-    grid_barrier<kPublish>(word, gridDim.x * gridDim.y * gridDim.z);
+    grid_barrier<kPublish>(word, grid_blocks());
 }
 
 // The cross-rank barrier, for all threads of ONE block of each rank (1-D). `view` is this rank's

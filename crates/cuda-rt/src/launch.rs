@@ -110,7 +110,8 @@ pub struct Launch<'a> {
     kernel: &'a Kernel,
     stream: &'a CudaStream,
     config: LaunchConfig,
-    args: Vec<ArgSlot>,
+    /// Each argument in slots of its own, contiguous (a struct over 128 bytes takes several).
+    args: Vec<Vec<ArgSlot>>,
     guards: Vec<SyncOnDrop<'a>>,
 }
 
@@ -139,23 +140,23 @@ impl<'a> Launch<'a> {
         self.scalar(ptr)
     }
 
-    /// A by-value parameter: integers, floats, raw device addresses (`u64`), `#[repr(C)]` POD structs.
+    /// A by-value parameter: integers, floats, raw device addresses (`u64`), `#[repr(C)]` POD
+    /// structs (of any size; a kernel's parameters are at most 4 KiB in all).
     pub fn scalar<T: bytemuck::Pod>(mut self, value: T) -> Self {
-        const {
-            assert!(
-                size_of::<T>() <= 128,
-                "kernel parameters are at most 128 bytes here"
-            )
-        };
-        let mut slot = ArgSlot([0; 128]);
-        slot.0[..size_of::<T>()].copy_from_slice(bytemuck::bytes_of(&value));
-        self.args.push(slot);
+        let bytes = bytemuck::bytes_of(&value);
+        let mut slots: Vec<ArgSlot> = (0..bytes.len().div_ceil(128).max(1))
+            .map(|_| ArgSlot([0; 128]))
+            .collect();
+        for (slot, chunk) in slots.iter_mut().zip(bytes.chunks(128)) {
+            slot.0[..chunk.len()].copy_from_slice(chunk);
+        }
+        self.args.push(slots);
         self
     }
 
     /// A `const __grid_constant__ CUtensorMap` parameter.
     pub fn tensor_map(mut self, map: &TensorMap) -> Self {
-        self.args.push(ArgSlot(map.to_bytes()));
+        self.args.push(vec![ArgSlot(map.to_bytes())]);
         self
     }
 
@@ -179,7 +180,7 @@ impl<'a> Launch<'a> {
         let mut params: Vec<*mut c_void> = self
             .args
             .iter()
-            .map(|slot| slot.0.as_ptr().cast_mut().cast())
+            .map(|slots| slots.as_ptr().cast_mut().cast())
             .collect();
         // SAFETY: the config, attributes and parameter slots outlive the call, which copies them; the
         // parameter list itself is the caller's contract.

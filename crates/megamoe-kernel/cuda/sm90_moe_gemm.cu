@@ -13,8 +13,8 @@ struct __align__(64) TmaDescriptor {
 extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, MM_CTAS)
     mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ TmaDescriptor act_map,
                 const __grid_constant__ TmaDescriptor out_map) {
-  mm::gemm::moe_gemm<MM_BN, MM_FP8 != 0, MM_CTAS, MM_ROW_BASE != 0, MM_FOLD_REGS != 0, MM_CLUSTER, MM_NARROW != 0,
-                     MM_SPLIT != 0>(params, &act_map, &out_map);
+  mm::gemm::moe_gemm<mm::gemm::Gemm<MM_BN, MM_FP8 != 0, MM_CTAS, MM_ROW_BASE != 0, MM_FOLD_REGS != 0, MM_CLUSTER,
+                                    MM_NARROW != 0, MM_SPLIT != 0>>(params, &act_map, &out_map);
 }
 
 // The host computes the same shared-memory plan (megamoe-kernel/src/gemm.rs, `TilePlan`).

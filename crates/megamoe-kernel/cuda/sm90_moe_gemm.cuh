@@ -949,10 +949,15 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
 }
 
 // ---------------------------------------------------------------- the kernel
-// Set-up (barriers, decode tables, the cluster's meeting), then one role per warpgroup: 0 the
-// producer thread and (FP8) the converter warp, 1 and 2 the consumers.
+// One specialization of the grouped GEMM as a whole, in the pieces a kernel composes: `setup`
+// (barriers, decode tables, the cluster's meeting), `roles` (the registers split between the
+// warpgroups, then one role per warpgroup: 0 the producer thread and (FP8) the converter warp, 1
+// and 2 the consumers) and `rejoin` (every warpgroup back at the launch's share of registers, for
+// a kernel that goes on to other work; the barriers are free to set up again once every thread of
+// the CTA, and of its cluster, has left `roles`). moe_gemm is setup + roles; the fused kernel
+// (sm90_mega_moe.cuh) runs setup + roles + rejoin once per layer.
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail>
-__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
+struct Gemm {
   using L = Layout<BN, kFp8, kCtas>;
   // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
   // CTA's work; the large tiles' launches make dozens of rounds, and their consumers have no
@@ -964,63 +969,92 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   // C7511, when they do not fit).
   static_assert(!kSplitTail || (kCtas == 2 && kCluster == 1), "the split tail is for two-CTA tiles without clusters");
   static_assert(!kNarrowTiles || kCtas == 2, "narrow tiles are two-CTA tiles");
-  // Launched programmatically in a pipeline, the launch overlapped the previous stage; nothing
-  // below may touch what that stage writes before it is complete. The next stage launches as the
-  // CTAs exit: an explicit launch_dependents here (or a wait after the barriers' set-up) made
-  // ptxas serialize the two-CTA FP8 wgmmas (C7511).
-  cuda_rt::wait_for_predecessor();
-  extern __shared__ __align__(1024) u8 smem_raw[];
-  // Align by offsetting the shared array itself: a pointer rebuilt from an integer would lose its
-  // address space, and every shared-memory read would become a generic LD.
-  u8* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
-  u64* full = (u64*)(smem + L::kFullAt);
-  u64* empty = (u64*)(smem + L::kEmptyAt);
-  u64* scales_ready = (u64*)(smem + L::kScalesReadyAt);
-  // Decode tables, built once per CTA: one shared-memory load per row and stage instead of a
-  // computation on the consumers' critical path.
-  fp::E4m3Table* fold_table = (fp::E4m3Table*)(smem + L::kTablesAt);
+  static constexpr int kCtasPerSm = kCtas;
+  static constexpr int kClusterCtas = kCluster;
+  static constexpr bool kFp8Route = kFp8;
+  static constexpr int kStages = L::kStages;
+  static constexpr int kSmemBytes = L::kSmemBytes;
+  // Registers per thread at launch: the launch bound's share (Layout's static_assert).
+  static constexpr u32 kLaunchRegs = 65536 / (kThreads * kCtas) / 8 * 8;
 
-  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  // (K / 128 and the tile count are read from the parameters where used: kept in registers from
-  // here, ptxas spilled them in the producer.)
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < L::kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&scales_ready[s], 32);  // every lane of the converter warp
-      mbar_init(&empty[s], 8 * kCluster);  // every consumer warp of the cluster
+  // Every thread of the CTA, `smem` aligned to 1024 bytes.
+  __device__ __forceinline__ static void setup(u8* smem) {
+    u64* full = (u64*)(smem + L::kFullAt);
+    u64* empty = (u64*)(smem + L::kEmptyAt);
+    u64* scales_ready = (u64*)(smem + L::kScalesReadyAt);
+    // Decode tables, built once per CTA: one shared-memory load per row and stage instead of a
+    // computation on the consumers' critical path.
+    fp::E4m3Table* fold_table = (fp::E4m3Table*)(smem + L::kTablesAt);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < L::kStages; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&scales_ready[s], 32);  // every lane of the converter warp
+        mbar_init(&empty[s], 8 * kCluster);  // every consumer warp of the cluster
+      }
+      fence_barrier_init();
     }
-    fence_barrier_init();
+    if constexpr (kFp8 && !kRegs) {
+      if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
+    }
+    // A cluster's CTAs arrive on each other's barriers and multicast into each other's stages: all
+    // barriers are initialized before anyone starts, and nobody leaves while a peer may still do so.
+    if constexpr (kCluster > 1) {
+      cluster_sync();
+    } else {
+      __syncthreads();
+    }
   }
-  if constexpr (kFp8 && !kRegs) {
-    if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
+
+  // Every thread of the CTA, after setup: this CTA's part of the launch's tiles.
+  template <class Epilogue>
+  __device__ __forceinline__ static void roles(const GemmParams& p, const void* act_map, const void* out_map, u8* smem) {
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+    // (K / 128 and the tile count are read from the parameters where used: kept in registers from
+    // here, ptxas spilled them in the producer.)
+    // The rank in a cluster of kCluster along x (blockIdx.x % kCluster: visibly warp-uniform to the
+    // compiler, unlike %cluster_ctarank, so the consumers keep their uniform descriptor arithmetic).
+    const u32 rank = blockIdx.x % kCluster;
+    if (wg == 0) {
+      using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail>;
+      setmaxnreg_dec<L::kProducerRegs>();
+      if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
+      if (threadIdx.x == 0) {
+        Role::run(p, act_map, smem, rank);
+      } else if constexpr (kFp8) {
+        if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
+      }
+    } else {
+      setmaxnreg_inc<L::kConsumerRegs>();
+      consumer_role<Epilogue, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem,
+                                                                                                   rank);
+    }
+    if constexpr (kCluster > 1) cluster_sync();
   }
-  // A cluster's CTAs arrive on each other's barriers and multicast into each other's stages: all
-  // barriers are initialized before anyone starts, and nobody leaves while a peer may still do so.
-  // The rank in a cluster of kCluster along x (blockIdx.x % kCluster: visibly warp-uniform to the
-  // compiler, unlike %cluster_ctarank, so the consumers keep their uniform descriptor arithmetic).
-  const u32 rank = blockIdx.x % kCluster;
-  if constexpr (kCluster > 1) {
-    cluster_sync();
-  } else {
+
+  // Every thread of the CTA, after roles: back at kLaunchRegs (the consumers give theirs back
+  // before the producer warpgroup asks), every barrier of the ring invalidated.
+  __device__ __forceinline__ static void rejoin(u8* smem) {
+    if (threadIdx.x >= 128) setmaxnreg_dec<kLaunchRegs>();
+    __syncthreads();
+    if (threadIdx.x < 128) setmaxnreg_inc<kLaunchRegs>();
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 3 * L::kStages; ++s) mbar_inval((u64*)(smem + L::kFullAt) + s);
+    }
     __syncthreads();
   }
+};
 
-  if (wg == 0) {
-    using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail>;
-    setmaxnreg_dec<L::kProducerRegs>();
-    if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
-    if (threadIdx.x == 0) {
-      Role::run(p, act_map, smem, rank);
-    } else if constexpr (kFp8) {
-      if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
-    }
-  } else {
-    setmaxnreg_inc<L::kConsumerRegs>();
-    consumer_role<Bf16Out, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem,
-                                                                                                 rank);
-  }
-  if constexpr (kCluster > 1) cluster_sync();
+// The grouped GEMM's kernel body. Launched programmatically in a pipeline, the launch overlapped the
+// previous stage; nothing below may touch what that stage writes before it is complete. The next
+// stage launches as the CTAs exit: an explicit launch_dependents here (or a wait after the
+// barriers' set-up) made ptxas serialize the two-CTA FP8 wgmmas (C7511).
+template <class G>
+__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
+  cuda_rt::wait_for_predecessor();
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  u8* smem = align_smem(smem_raw);
+  G::setup(smem);
+  G::template roles<Bf16Out>(p, act_map, out_map, smem);
 }
 
 }  // namespace gemm

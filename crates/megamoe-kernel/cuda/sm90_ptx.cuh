@@ -14,6 +14,10 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// The dynamic shared memory's first 1024-byte boundary (TMA's 128-byte swizzle needs 1024-byte
+// aligned stages); kernels reserve 1 KiB of slack. Offsetting the shared array itself keeps the
+// address space: a pointer rebuilt from an integer would make every shared-memory read a generic LD.
+__device__ __forceinline__ u8* align_smem(u8* raw) { return raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u); }
 // The SM this thread runs on (the benchmark's CTA timelines).
 __device__ __forceinline__ u32 smid() {
   u32 id;
@@ -45,6 +49,10 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
       "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+// The barrier's memory is free for another use (or another init) once nobody waits on it.
+__device__ __forceinline__ void mbar_inval(u64* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 // When `leader` (one lane): arrive on `bar` and on the mbarrier at the same offset in CTA `cta` of

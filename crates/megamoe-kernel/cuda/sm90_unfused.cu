@@ -25,7 +25,7 @@ __device__ __forceinline__ int channel_threads() { return gridDim.y * mm::unfuse
 extern "C" __global__ void __launch_bounds__(mm::unfused::kRouteThreads)
     uf_route(const __grid_constant__ mm::unfused::RouteParams p) {
   UF_CHAINED();
-  mm::unfused::route_expert(p, blockIdx.x);
+  mm::unfused::route_expert<mm::unfused::kRouteThreads>(p, blockIdx.x);
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)

@@ -147,9 +147,14 @@ struct CombineReduceParams {
 constexpr int kPlanThreads = 1024;
 // error[0]: kind in bits 63..60 (first error wins), then kind 1 (an expert id outside -1..E):
 // slot in bits 47..32, token in 31..0, error[1] the id; kind 2 (an owner's pools overflow): the
-// owner in 31..0, error[1] the rows its plan needs. Decoded by megamoe-kernel/src/unfused.rs.
+// owner in 31..0, error[1] the rows its plan needs; kind 3 (another rank refused its routes, kind 1
+// there): that rank in 31..0. Decoded by megamoe-kernel/src/unfused.rs.
 constexpr u64 kPlanErrorExpert = 1;
 constexpr u64 kPlanErrorCapacity = 2;
+constexpr u64 kPlanErrorPeerRoutes = 3;
+// A rank whose routes hold an invalid expert id publishes this count for its expert 0, so that
+// every rank's plan refuses the forward alike (no rank sends rows into a pool whose owner stopped).
+constexpr u32 kCountRefused = 0xffffffffu;
 
 struct CountParams {
   const int* topk_idx;     // [pairs] global expert, -1 = masked
@@ -181,7 +186,8 @@ __device__ __forceinline__ void record_plan_error(u64* error, u64 kind_and_where
 
 // uf_count: this rank's routes per global expert into `hist` (shared, [E]), then published as row
 // `rank` of every rank's counts table (peer stores, made visible to the owners by the rank
-// barrier that follows). `thread` of `threads`, all of one CTA.
+// barrier that follows); a refused id makes the row's first count kCountRefused. `thread` of
+// `threads`, all of one CTA.
 __device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, int thread, int threads) {
   for (int e = thread; e < p.num_experts; e += threads) hist[e] = 0;
   __syncthreads();
@@ -196,6 +202,8 @@ __device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, in
     atomicAdd(&hist[e], 1u);
   }
   __syncthreads();
+  if (thread == 0 && *reinterpret_cast<volatile u64*>(p.error) != 0) hist[0] = kCountRefused;
+  __syncthreads();
   for (int r = 0; r < p.num_ranks; ++r) {
     u32* row = reinterpret_cast<u32*>(p.peers->counts[r]) + (size_t)p.rank * p.num_experts;
     for (int e = thread; e < p.num_experts; e += threads) row[e] = hist[e];
@@ -205,8 +213,14 @@ __device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, in
 // uf_plan: every owner's plan from the counts table (the host's PoolPlan::new): owner o's local
 // experts in order, each taking its sources' rows in rank order, each expert's first row aligned
 // to `row_align`. Thread o lays out owner o; every rank lays out every owner, so all ranks see a
-// capacity error alike.
+// capacity error alike; a rank that refused its routes (kCountRefused) makes every plan refuse, and
+// the tables are not written. All threads of one CTA.
 __device__ __forceinline__ void plan_pools(const PlanParams& p, int thread, int threads) {
+  for (int src = thread; src < p.num_ranks; src += threads)
+    if (p.counts[(size_t)src * p.num_experts] == kCountRefused && src != p.rank)
+      record_plan_error(p.error, (kPlanErrorPeerRoutes << 60) | (u32)src, 0);
+  __syncthreads();
+  if (*reinterpret_cast<volatile u64*>(p.error) != 0) return;
   const int el = p.num_experts / p.num_ranks;
   for (int o = thread; o < p.num_ranks; o += threads) {
     long long next = 0;
@@ -276,15 +290,16 @@ __device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* 
   }
 }
 
-// uf_route: global expert e, by all kRouteThreads threads of one CTA (it meets with __syncthreads):
+// uf_route: global expert e, by all kThreads threads of one CTA (it meets with __syncthreads):
 // they take kRoutePerThread consecutive pairs each per round; a block-wide exclusive scan of each
 // thread's matches gives every pair of expert e its rank in (token, slot) order. Every expert reads
 // all pairs (E x 4 bytes x T x k from L2: 9 MB for V4-Pro at T = 8192, one rank), in rounds of 8192
 // pairs. Expert 0 also marks the masked pairs.
 constexpr int kRouteThreads = 512;
 constexpr int kRoutePerThread = 16;
+template <int kThreads>
 __device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
-  constexpr int kWarps = kRouteThreads / 32;
+  constexpr int kWarps = kThreads / 32;
   __shared__ int warp_matches[kWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // This rank's own expert: its padding rows (up to the next multiple of 16, as the plan pads).
@@ -299,7 +314,7 @@ __device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
     }
   }
   int next = p.first_row[e];
-  for (int round = 0; round < p.pairs; round += kRouteThreads * kRoutePerThread) {
+  for (int round = 0; round < p.pairs; round += kThreads * kRoutePerThread) {
     const int first = round + threadIdx.x * kRoutePerThread;
     int ids[kRoutePerThread];
     if (first + kRoutePerThread <= p.pairs) {

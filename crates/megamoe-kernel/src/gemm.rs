@@ -6,7 +6,7 @@
 
 use std::marker::PhantomData;
 
-use cuda_rt::tma::{Swizzle, TensorMapDesc, TmaDataType};
+use cuda_rt::tma::{Swizzle, TensorMap, TensorMapDesc, TmaDataType};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use fp_formats::Recipe;
@@ -161,9 +161,9 @@ impl std::str::FromStr for Mma {
 /// fragment set, perf.md v41).
 pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
-const THREADS: u32 = 384;
+pub(crate) const THREADS: u32 = 384;
 /// Consumer warps per CTA (two warpgroups): one split-tail hand-over flag each.
-const CONSUMER_WARPS: usize = 8;
+pub(crate) const CONSUMER_WARPS: usize = 8;
 /// Dynamic shared memory the pipeline may fill with one CTA per SM, and with two (each).
 const SMEM_BUDGET: [usize; 2] = [221 * 1024, 108 * 1024];
 /// Specializations that run two CTAs per SM: small token tiles are bound by the issue rate of the
@@ -416,10 +416,28 @@ impl TilePlan {
 
     /// The JIT specialization.
     pub fn spec(&self) -> KernelSpec {
-        KernelSpec::new(
-            format!(
-                "megamoe-kernel/sm90_moe_gemm/{}/bn{}/cta{}{}{}{}{}{}",
-                self.mma,
+        self.defined(
+            KernelSpec::new(
+                format!("megamoe-kernel/sm90_moe_gemm/{}", self.tag()),
+                crate::GEMM_SOURCE,
+            ),
+            "MM_",
+        )
+        .define("MM_SMEM_BYTES", self.smem_bytes())
+        .arches(&[Arch::Sm90a])
+        .no_spill()
+        .headers(crate::CUDA_HEADERS)
+        .headers(barriers::CUDA_HEADERS)
+        .header(cuda_rt::CUDA_HEADER)
+        .header(fp_formats::CUDA_HEADER)
+    }
+
+    /// What names this specialization among the others: route, tile, CTAs per SM, cluster, fold
+    /// and the options compiled in.
+    pub fn tag(&self) -> String {
+        format!(
+            "{}/bn{}/cta{}{}{}{}{}{}",
+            self.mma,
                 self.tokens_per_tile,
                 self.ctas_per_sm,
                 if self.cluster > 1 {
@@ -435,25 +453,60 @@ impl TilePlan {
                 },
                 if self.narrows_tiles() { "/narrow" } else { "" },
                 if self.splits_tail() { "/split" } else { "" },
-            ),
-            crate::GEMM_SOURCE,
         )
-        .header(fp_formats::CUDA_HEADER)
-        .define("MM_BN", self.tokens_per_tile)
-        .define("MM_FP8", u8::from(self.mma == Mma::Fp8))
-        .define("MM_STAGES", self.stages)
-        .define("MM_SMEM_BYTES", self.smem_bytes())
-        .define("MM_CTAS", self.ctas_per_sm)
-        .define("MM_ROW_BASE", u8::from(self.fold.row_base))
-        .define("MM_FOLD_REGS", u8::from(self.tables_in_registers()))
-        .define("MM_NARROW", u8::from(self.narrows_tiles()))
-        .define("MM_SPLIT", u8::from(self.splits_tail()))
-        .define("MM_CLUSTER", self.cluster)
-        .arches(&[Arch::Sm90a])
-        .no_spill()
-        .headers(crate::CUDA_HEADERS)
-        .headers(barriers::CUDA_HEADERS)
-        .header(cuda_rt::CUDA_HEADER)
+    }
+
+    /// `spec` with this plan's template arguments as defines named `{prefix}BN`, `{prefix}FP8`,
+    /// … (`mm::gemm::Gemm`'s parameters and the stages), as an entry point that instantiates it
+    /// reads them.
+    pub fn defined(&self, spec: KernelSpec, prefix: &str) -> KernelSpec {
+        [
+            ("BN", self.tokens_per_tile),
+            ("FP8", usize::from(self.mma == Mma::Fp8)),
+            ("STAGES", self.stages),
+            ("CTAS", self.ctas_per_sm),
+            ("ROW_BASE", usize::from(self.fold.row_base)),
+            ("FOLD_REGS", usize::from(self.tables_in_registers())),
+            ("NARROW", usize::from(self.narrows_tiles())),
+            ("SPLIT", usize::from(self.splits_tail())),
+            ("CLUSTER", self.cluster),
+        ]
+        .into_iter()
+        .fold(spec, |spec, (name, value)| {
+            spec.define(format!("{prefix}{name}"), value)
+        })
+    }
+
+    /// The launch's two tensor maps over a pool of `rows` rows of K at `act` and its output of
+    /// `rows` rows of `n` at `out`: the activations (one box = 128 bytes of K by BN rows, 128-byte
+    /// swizzled: the WGMMA B-operand tile), and the epilogue's box (FP8 one-CTA tiles: a consumer
+    /// warpgroup's 64 outputs of BN tokens, in the layout its shared buffer holds them; other
+    /// plans get the activations' map again, unread).
+    pub fn tensor_maps(
+        &self,
+        act: u64,
+        rows: usize,
+        k: usize,
+        out: u64,
+        n: usize,
+    ) -> Result<[TensorMap; 2], GemmError> {
+        let bn = self.tokens_per_tile as u32;
+        let (data_type, elem) = match self.mma {
+            Mma::Fp8 => (TmaDataType::U8, 1u64),
+            Mma::Bf16 => (TmaDataType::BF16, 2u64),
+        };
+        let k = k as u64;
+        let map = TensorMapDesc::matrix(data_type, act, [rows as u64, k], k * elem, [bn, (128 / elem) as u32])
+            .swizzle(Swizzle::B128)
+            .encode()?;
+        let out_map = if epilogue_bytes(self.mma, self.ctas_per_sm, bn as usize) > 0 {
+            TensorMapDesc::matrix(TmaDataType::BF16, out, [rows as u64, n as u64], n as u64 * 2, [bn, 64])
+                .swizzle(Swizzle::B128)
+                .encode()?
+        } else {
+            map
+        };
+        Ok([map, out_map])
     }
 
     /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
@@ -507,24 +560,24 @@ pub const TRACE_WORDS: usize = 4;
 /// `GemmParams` of the kernel, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct GemmParams {
-    w_codes: u64,
-    w_meta: u64,
-    act_sf: u64,
-    out: u64,
-    expert_offset: u64,
-    expert_rows: u64,
-    num_experts: i32,
-    n_out: i32,
-    k: i32,
-    sf_stride: i32,
-    partials: u64,
-    partial_ready: u64,
-    split_parts: i32,
-    pad_: i32,
-    tickets: u64,
-    trace: u64,
-    error: u64,
+pub(crate) struct GemmParams {
+    pub(crate) w_codes: u64,
+    pub(crate) w_meta: u64,
+    pub(crate) act_sf: u64,
+    pub(crate) out: u64,
+    pub(crate) expert_offset: u64,
+    pub(crate) expert_rows: u64,
+    pub(crate) num_experts: i32,
+    pub(crate) n_out: i32,
+    pub(crate) k: i32,
+    pub(crate) sf_stride: i32,
+    pub(crate) partials: u64,
+    pub(crate) partial_ready: u64,
+    pub(crate) split_parts: i32,
+    pub(crate) pad_: i32,
+    pub(crate) tickets: u64,
+    pub(crate) trace: u64,
+    pub(crate) error: u64,
 }
 
 const _: () = assert!(size_of::<GemmParams>() == 112);
@@ -536,8 +589,8 @@ pub struct DeviceWeights {
     pub n: usize,
     pub k: usize,
     pub fold: Fold,
-    codes: CudaSlice<u8>,
-    meta: CudaSlice<u32>,
+    pub(crate) codes: CudaSlice<u8>,
+    pub(crate) meta: CudaSlice<u32>,
 }
 
 impl DeviceWeights {
@@ -617,6 +670,43 @@ pub struct Pool<'a> {
     pub expert_rows_dev: CudaView<'a, i32>,
 }
 
+/// CTAs of a persistent grid of `kernel` (named `spec`) on `gpu`, `[ctas_per_sm, cluster,
+/// smem_bytes]`: as many as fit at once, in whole clusters. `all_resident`: the launch needs every
+/// CTA resident at once (its CTAs wait for each other), refused where `ctas_per_sm` do not fit.
+pub(crate) fn persistent_grid(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    spec: &str,
+    [ctas_per_sm, cluster, smem_bytes]: [usize; 3],
+    all_resident: bool,
+) -> Result<u32, GemmError> {
+    let per_sm = gpu.info().sm_count * ctas_per_sm as u32;
+    let cluster = cluster as u32;
+    if cluster == 1 {
+        if all_resident {
+            let resident = kernel.max_active_blocks_per_sm(THREADS, smem_bytes as u32)?;
+            if (resident as usize) < ctas_per_sm {
+                return Err(GemmError::NotResident {
+                    spec: spec.to_string(),
+                    resident,
+                });
+            }
+        }
+        return Ok(per_sm);
+    }
+    let shape = LaunchConfig::linear(per_sm / cluster * cluster, THREADS)
+        .dynamic_smem(smem_bytes as u32)
+        .cluster([cluster, 1, 1]);
+    let clusters = kernel.max_active_clusters(&shape)?.min(per_sm / cluster);
+    if clusters == 0 {
+        // A grid of nothing would leave the output unwritten.
+        return Err(GemmError::NoResidentCluster {
+            spec: spec.to_string(),
+        });
+    }
+    Ok(cluster * clusters)
+}
+
 /// One compiled specialization, ready to launch.
 pub struct GemmCore {
     pub plan: TilePlan,
@@ -644,34 +734,14 @@ impl GemmCore {
         tracing::debug!(spec = %plan.spec().name, outcome = ?compiled.outcome, ms = compiled.elapsed.as_secs_f64() * 1e3, "GEMM core ready");
         let module = gpu.load_module(&compiled.cubin)?;
         let kernel = module.kernel("mm_moe_gemm")?;
-        let per_sm = gpu.info().sm_count * plan.ctas_per_sm as u32;
-        let cluster = plan.cluster as u32;
-        let grid = if cluster == 1 {
-            if plan.splits_tail() {
-                // A split tail's head waits for its tail's CTA, so the whole grid must be resident.
-                let resident =
-                    kernel.max_active_blocks_per_sm(THREADS, plan.smem_bytes() as u32)?;
-                if (resident as usize) < plan.ctas_per_sm {
-                    return Err(GemmError::NotResident {
-                        spec: plan.spec().name,
-                        resident,
-                    });
-                }
-            }
-            per_sm
-        } else {
-            let shape = LaunchConfig::linear(per_sm / cluster * cluster, THREADS)
-                .dynamic_smem(plan.smem_bytes() as u32)
-                .cluster([cluster, 1, 1]);
-            let clusters = kernel.max_active_clusters(&shape)?.min(per_sm / cluster);
-            if clusters == 0 {
-                // A grid of nothing would leave the output unwritten.
-                return Err(GemmError::NoResidentCluster {
-                    spec: plan.spec().name,
-                });
-            }
-            cluster * clusters
-        };
+        // A split tail's head waits for its tail's CTA, so the whole grid must be resident.
+        let grid = persistent_grid(
+            gpu,
+            &kernel,
+            &plan.spec().name,
+            [plan.ctas_per_sm, plan.cluster, plan.smem_bytes()],
+            plan.splits_tail(),
+        )?;
         tracing::debug!(spec = %plan.spec().name, grid, "GEMM grid");
         let (hand_overs, tile_floats) = if plan.splits_tail() {
             (
@@ -759,43 +829,19 @@ impl GemmCore {
         trace: Option<&mut CudaSlice<u64>>,
     ) -> Result<(), GemmError> {
         self.check(weights, pool, out.len())?;
-        let bn = self.plan.tokens_per_tile as u32;
-        let (data_type, elem) = match self.plan.mma {
-            Mma::Fp8 => (TmaDataType::U8, 1u64),
-            Mma::Bf16 => (TmaDataType::BF16, 2u64),
-        };
         let stream = gpu.stream();
-        let k = weights.k as u64;
-        // One box = 128 bytes of K by BN rows, 128-byte swizzled: the WGMMA B-operand tile.
-        let map = TensorMapDesc::matrix(
-            data_type,
-            pool.act.ptr(),
-            [pool.rows as u64, k],
-            k * elem,
-            [bn, (128 / elem) as u32],
-        )
-        .swizzle(Swizzle::B128)
-        .encode()?;
         let (codes, _g1) = weights.codes.device_ptr(stream);
         let (meta, _g2) = weights.meta.device_ptr(stream);
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
         let (out_addr, _g6) = out.device_ptr_mut(stream);
-        // The epilogue's box (FP8 one-CTA tiles): a consumer warpgroup's 64 outputs of BN tokens, in
-        // the layout its shared buffer holds them; other plans get the activations' map, unread.
-        let out_map = if epilogue_bytes(self.plan.mma, self.plan.ctas_per_sm, bn as usize) > 0 {
-            TensorMapDesc::matrix(
-                TmaDataType::BF16,
-                out_addr,
-                [pool.rows as u64, weights.n as u64],
-                weights.n as u64 * 2,
-                [bn, 64],
-            )
-            .swizzle(Swizzle::B128)
-            .encode()?
-        } else {
-            map
-        };
+        let [map, out_map] = self.plan.tensor_maps(
+            pool.act.ptr(),
+            pool.rows,
+            weights.k,
+            out_addr,
+            weights.n,
+        )?;
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
         let (tickets, _g9) = if self.plan.schedules_dynamically() {

@@ -3,14 +3,17 @@
 //! pools' channel order ([`pool_order`]) that every pool writer follows, the JIT
 //! specializations (`KernelSpec`s) and their launches: the Hopper grouped GEMM
 //! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`]) and the engine of the
-//! unfused and fused pipelines, and the unfused pipeline's glue kernels ([`unfused`]).
+//! unfused and fused pipelines, the unfused pipeline's glue kernels ([`unfused`]) and the fused
+//! forward, one persistent launch of the same device functions ([`fused`]).
 
+pub mod fused;
 pub mod gemm;
 pub mod pool_order;
 pub mod problem;
 pub mod transform;
 pub mod unfused;
 
+pub use fused::FusedCore;
 pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Routes, TilePlan};
 pub use transform::{Fold, GemmWeights, TransformError, transform_weights};
 pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
@@ -20,6 +23,7 @@ pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
 pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
     let mut specs = gemm::kernels();
     specs.extend(unfused::kernels());
+    specs.extend(fused::kernels());
     specs
 }
 

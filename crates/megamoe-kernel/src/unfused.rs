@@ -96,6 +96,10 @@ pub enum UnfusedError {
         value: i64,
         experts: usize,
     },
+    /// The device plan of every rank refuses a forward in which one rank's routes hold an
+    /// invalid expert id (that rank reports [`UnfusedError::Expert`]).
+    #[error("rank {rank} refused its routes (an expert id out of range): the forward is refused on every rank")]
+    PeerRoutes { rank: usize },
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
 }
@@ -309,7 +313,7 @@ pub fn expert_counts(
 
 /// The device plan's error words (`mm::unfused::kPlanError*`, first error wins) as the typed
 /// error its host twin ([`expert_counts`], [`PoolPlan::new`]) returns.
-fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), UnfusedError> {
+pub(crate) fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), UnfusedError> {
     let (first, value) = (words[0], words[1]);
     match first >> 60 {
         0 => Ok(()),
@@ -324,6 +328,9 @@ fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), UnfusedError> {
             rows: value as usize,
             capacity: shape.pool_rows,
         }),
+        PLAN_ERROR_PEER_ROUTES => Err(UnfusedError::PeerRoutes {
+            rank: (first & 0xffff_ffff) as usize,
+        }),
         kind => Err(UnfusedError::Shape {
             what: "device plan error word",
             detail: format!("unknown kind {kind} in {first:#x}"),
@@ -331,9 +338,10 @@ fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), UnfusedError> {
     }
 }
 
-/// `mm::unfused::kPlanErrorExpert` and `kPlanErrorCapacity`.
+/// `mm::unfused::kPlanErrorExpert`, `kPlanErrorCapacity` and `kPlanErrorPeerRoutes`.
 const PLAN_ERROR_EXPERT: u64 = 1;
 const PLAN_ERROR_CAPACITY: u64 = 2;
+const PLAN_ERROR_PEER_ROUTES: u64 = 3;
 
 /// One owner rank's pools: where each of its experts starts and how many rows it holds, and where
 /// each source rank's rows of each expert start.
@@ -451,37 +459,37 @@ pub struct RowMeta {
 /// `mm::unfused::DispatchParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct DispatchParams {
-    x: u64,
-    x_sf: u64,
-    route: u64,
-    topk_idx: u64,
-    topk_w: u64,
-    peers: u64,
-    tokens: i32,
-    top_k: i32,
-    hidden: i32,
-    experts_per_rank: i32,
-    staged_row_bytes: i32,
-    sf_stride: i32,
-    rank: i32,
-    staged: i32,
+pub(crate) struct DispatchParams {
+    pub(crate) x: u64,
+    pub(crate) x_sf: u64,
+    pub(crate) route: u64,
+    pub(crate) topk_idx: u64,
+    pub(crate) topk_w: u64,
+    pub(crate) peers: u64,
+    pub(crate) tokens: i32,
+    pub(crate) top_k: i32,
+    pub(crate) hidden: i32,
+    pub(crate) experts_per_rank: i32,
+    pub(crate) staged_row_bytes: i32,
+    pub(crate) sf_stride: i32,
+    pub(crate) rank: i32,
+    pub(crate) staged: i32,
 }
 
 /// `mm::unfused::RouteParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct RouteParams {
-    topk_idx: u64,
-    first_row: u64,
-    route: u64,
-    expert_offset: u64,
-    expert_rows: u64,
-    meta: u64,
-    pairs: i32,
-    experts_per_rank: i32,
-    rank: i32,
-    pad: i32,
+pub(crate) struct RouteParams {
+    pub(crate) topk_idx: u64,
+    pub(crate) first_row: u64,
+    pub(crate) route: u64,
+    pub(crate) expert_offset: u64,
+    pub(crate) expert_rows: u64,
+    pub(crate) meta: u64,
+    pub(crate) pairs: i32,
+    pub(crate) experts_per_rank: i32,
+    pub(crate) rank: i32,
+    pub(crate) pad: i32,
 }
 
 /// Threads per CTA of `uf_route` (`mm::unfused::kRouteThreads`).
@@ -506,93 +514,93 @@ struct UnstageParams {
 /// `mm::unfused::SwigluParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct SwigluParams {
-    l1_out: u64,
-    meta: u64,
-    silu: u64,
-    l2_act: u64,
-    l2_sf: u64,
-    rows: i32,
-    inter: i32,
-    sf_stride: i32,
-    has_clamp: i32,
-    clamp: f32,
-    pad: i32,
+pub(crate) struct SwigluParams {
+    pub(crate) l1_out: u64,
+    pub(crate) meta: u64,
+    pub(crate) silu: u64,
+    pub(crate) l2_act: u64,
+    pub(crate) l2_sf: u64,
+    pub(crate) rows: i32,
+    pub(crate) inter: i32,
+    pub(crate) sf_stride: i32,
+    pub(crate) has_clamp: i32,
+    pub(crate) clamp: f32,
+    pub(crate) pad: i32,
 }
 
 /// `mm::unfused::CombineSendParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct CombineSendParams {
-    l2_out: u64,
-    meta: u64,
-    peers: u64,
-    rows: i32,
-    hidden: i32,
-    max_tokens: i32,
-    rank: i32,
+pub(crate) struct CombineSendParams {
+    pub(crate) l2_out: u64,
+    pub(crate) meta: u64,
+    pub(crate) peers: u64,
+    pub(crate) rows: i32,
+    pub(crate) hidden: i32,
+    pub(crate) max_tokens: i32,
+    pub(crate) rank: i32,
 }
 
 /// `mm::unfused::CombineReduceParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct CombineReduceParams {
-    combine: u64,
-    topk_idx: u64,
-    y: u64,
-    l2_out: u64,
-    route: u64,
-    tokens: i32,
-    top_k: i32,
-    hidden: i32,
-    max_tokens: i32,
-    experts_per_rank: i32,
-    rank: i32,
+pub(crate) struct CombineReduceParams {
+    pub(crate) combine: u64,
+    pub(crate) topk_idx: u64,
+    pub(crate) y: u64,
+    pub(crate) l2_out: u64,
+    pub(crate) route: u64,
+    pub(crate) tokens: i32,
+    pub(crate) top_k: i32,
+    pub(crate) hidden: i32,
+    pub(crate) max_tokens: i32,
+    pub(crate) experts_per_rank: i32,
+    pub(crate) rank: i32,
 }
 
 /// `mm::unfused::CountParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct CountParams {
-    topk_idx: u64,
-    peers: u64,
-    error: u64,
-    pairs: i32,
-    top_k: i32,
-    num_experts: i32,
-    num_ranks: i32,
-    rank: i32,
-    pad: i32,
+pub(crate) struct CountParams {
+    pub(crate) topk_idx: u64,
+    pub(crate) peers: u64,
+    pub(crate) error: u64,
+    pub(crate) pairs: i32,
+    pub(crate) top_k: i32,
+    pub(crate) num_experts: i32,
+    pub(crate) num_ranks: i32,
+    pub(crate) rank: i32,
+    pub(crate) pad: i32,
 }
 
 /// Threads of `uf_count`'s and `uf_plan`'s one CTA (`mm::unfused::kPlanThreads`).
-const PLAN_THREADS: u32 = 1024;
+pub(crate) const PLAN_THREADS: u32 = 1024;
 
 /// `mm::unfused::PlanParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct PlanParams {
-    counts: u64,
-    first_row: u64,
-    expert_offset: u64,
-    expert_rows: u64,
-    error: u64,
-    num_ranks: i32,
-    num_experts: i32,
-    rank: i32,
-    capacity: i32,
-    row_align: i32,
-    pad: i32,
+pub(crate) struct PlanParams {
+    pub(crate) counts: u64,
+    pub(crate) first_row: u64,
+    pub(crate) expert_offset: u64,
+    pub(crate) expert_rows: u64,
+    pub(crate) error: u64,
+    pub(crate) num_ranks: i32,
+    pub(crate) num_experts: i32,
+    pub(crate) rank: i32,
+    pub(crate) capacity: i32,
+    pub(crate) row_align: i32,
+    pub(crate) pad: i32,
 }
 
 /// `mm::unfused::RankBarrierParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct RankBarrierParams {
-    view: u64,
-    signals: u64,
-    error_word: u64,
-    timeout_ns: u64,
+pub(crate) struct RankBarrierParams {
+    pub(crate) view: u64,
+    pub(crate) signals: u64,
+    pub(crate) error_word: u64,
+    pub(crate) timeout_ns: u64,
 }
 
 const _: () = {
@@ -810,11 +818,11 @@ pub struct PeerAddresses {
 }
 
 /// One rank's inputs on the device, sized for `max_tokens` and reused by every forward.
-struct Inputs {
-    x: CudaSlice<u8>,
-    x_sf: CudaSlice<u8>,
-    topk_idx: CudaSlice<i32>,
-    topk_w: CudaSlice<f32>,
+pub(crate) struct Inputs {
+    pub(crate) x: CudaSlice<u8>,
+    pub(crate) x_sf: CudaSlice<u8>,
+    pub(crate) topk_idx: CudaSlice<i32>,
+    pub(crate) topk_w: CudaSlice<f32>,
 }
 
 /// Resident glue CTAs per SM the split aims for (128 threads each: 16 fill an SM).
@@ -897,50 +905,54 @@ impl LaunchChain {
 pub struct Pipeline {
     pub shape: PipelineShape,
     pub rank: usize,
-    glue: GlueKernels,
+    pub(crate) glue: GlueKernels,
     /// GEMM cores by (route, tokens per tile, fold), compiled on first use.
-    cores: HashMap<(Mma, usize, Fold), GemmCore>,
-    w1: DeviceWeights,
-    w2: DeviceWeights,
+    pub(crate) cores: HashMap<(Mma, usize, Fold), GemmCore>,
+    /// Fused forwards' kernels by tokens per tile, compiled on first use ([`crate::fused`]).
+    pub(crate) fused: HashMap<usize, crate::fused::FusedCore>,
+    /// The fused kernel this forward launched (a key of `fused`), if it ran fused.
+    pub(crate) launched_fused: Option<usize>,
+    pub(crate) w1: DeviceWeights,
+    pub(crate) w2: DeviceWeights,
     /// Where the L1 pool, its scales, the RowMeta `[pool_rows]` and the combine buffer lie in
     /// every rank's symmetric buffer.
-    layout: PeerLayout,
+    pub(crate) layout: PeerLayout,
     /// This rank's own symmetric buffer.
-    base: u64,
+    pub(crate) base: u64,
     /// The [`PeerTable`] ([`PeerLayout::peer_table`]), as bytes.
-    peers: CudaSlice<u8>,
+    pub(crate) peers: CudaSlice<u8>,
     /// This rank's `symm_mem::SymmBuffer` view of every rank's buffer, for the cross-rank barrier.
-    barrier_view: CudaSlice<u8>,
+    pub(crate) barrier_view: CudaSlice<u8>,
     /// The error words a forward's kernels leave, read in one copy by [`Pipeline::check_errors`]:
     /// `[0]` the barrier's (this rank's own, 0 while the ranks are in step), `[1..3]` the device
     /// plan's (`uf_count`, `uf_plan`: 0 while the routes are valid and fit).
-    error_words: CudaSlice<u64>,
+    pub(crate) error_words: CudaSlice<u64>,
     /// The GEMM cores this forward launched (keys of `cores`): only their error words can be set.
-    launched: Vec<(Mma, usize, Fold)>,
-    barrier_timeout: Duration,
+    pub(crate) launched: Vec<(Mma, usize, Fold)>,
+    pub(crate) barrier_timeout: Duration,
     /// This forward's rows from peers go through `l1_staged` (set_plans).
-    staged_rows: bool,
+    pub(crate) staged_rows: bool,
     /// Which stage kernels launch programmatically ([`Pipeline::set_chained_launches`]).
     chain: LaunchChain,
-    l1_out: CudaSlice<u16>,
+    pub(crate) l1_out: CudaSlice<u16>,
     /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
-    silu: CudaSlice<f32>,
-    l2_act: CudaSlice<u8>,
-    l2_sf: CudaSlice<u8>,
-    l2_out: CudaSlice<u16>,
-    y: CudaSlice<u16>,
-    inputs: Inputs,
+    pub(crate) silu: CudaSlice<f32>,
+    pub(crate) l2_act: CudaSlice<u8>,
+    pub(crate) l2_sf: CudaSlice<u8>,
+    pub(crate) l2_out: CudaSlice<u16>,
+    pub(crate) y: CudaSlice<u16>,
+    pub(crate) inputs: Inputs,
     /// This forward's T ([`Pipeline::set_inputs`]).
-    tokens: Option<usize>,
-    plan: Option<PoolPlan>,
+    pub(crate) tokens: Option<usize>,
+    pub(crate) plan: Option<PoolPlan>,
     /// `[max_tokens·k]`: each (token, slot) pair's row in its owner's pool, −1 when masked
     /// (`uf_route`).
-    route: CudaSlice<i32>,
+    pub(crate) route: CudaSlice<i32>,
     /// This forward's plan on the device, one copy from `plan_host` (pinned): `[E]` this rank's
     /// first row among each global expert's rows in its owner's pool, then this rank's expert
     /// table, `[E/R]` offsets and `[E/R]` rows ([`Pipeline::plan_tables`]).
-    plan_dev: CudaSlice<i32>,
-    plan_host: PinnedHostSlice<i32>,
+    pub(crate) plan_dev: CudaSlice<i32>,
+    pub(crate) plan_host: PinnedHostSlice<i32>,
 }
 
 impl Pipeline {
@@ -1007,6 +1019,8 @@ impl Pipeline {
             rank,
             glue,
             cores: HashMap::new(),
+            fused: HashMap::new(),
+            launched_fused: None,
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
             layout,
@@ -1054,7 +1068,7 @@ impl Pipeline {
     }
 
     /// The regions of this rank's own symmetric buffer.
-    fn own(&self) -> PeerAddresses {
+    pub(crate) fn own(&self) -> PeerAddresses {
         self.layout.addresses(self.base)
     }
 
@@ -1122,6 +1136,7 @@ impl Pipeline {
         gpu.upload_into(topk_weights, &mut inputs.topk_w)?;
         self.tokens = Some(tokens);
         self.launched.clear();
+        self.launched_fused = None;
         Ok(counts)
     }
 
@@ -1170,7 +1185,7 @@ impl Pipeline {
 
     /// Where `plan_dev`'s three tables lie: first rows `[E]`, this rank's expert offsets and rows
     /// `[E/R]` each.
-    fn plan_tables(shape: &PipelineShape) -> [std::ops::Range<usize>; 3] {
+    pub(crate) fn plan_tables(shape: &PipelineShape) -> [std::ops::Range<usize>; 3] {
         let (e, el) = (shape.num_experts, shape.experts_per_rank());
         [0..e, e..e + el, e + el..e + 2 * el]
     }
@@ -1244,6 +1259,9 @@ impl Pipeline {
         plan_error(&words[1..3], self.shape)?;
         for key in &self.launched {
             self.cores[key].check_error(gpu)?;
+        }
+        if let Some(key) = self.launched_fused {
+            self.fused[&key].check_error(gpu)?;
         }
         Ok(())
     }

@@ -1,0 +1,201 @@
+// sm90_mega_moe.cuh -- the fused MoE forward on Hopper: one persistent launch per forward, from this
+// rank's routes to y. Every CTA of the grid (all resident at once: one or two per SM, the GEMM's
+// shape, 384 threads) runs the stages in turn, each stage the very device function the unfused
+// pipeline's launch of it runs (sm90_unfused.cuh, and the grouped GEMM's pieces of
+// sm90_moe_gemm.cuh), so the fused forward's bits are the unfused forward's:
+//
+//   1. count     CTA 0: this rank's routes per expert, published into every rank's counts table;
+//                the ranks meet (grid barrier, CTA 0 meets the other ranks, grid barrier);
+//   2. plan      CTA 0: every owner's pool plan from the counts table (capacity and ids checked:
+//                an error stops every rank alike, each still meeting the others below);
+//   3. route     a CTA per expert (strided over the grid): each pair's pool row at its owner,
+//                the padding marks of this rank's pool;
+//   4. dispatch  pairs over the grid: each token's row into its owner's L1 pool (peer stores);
+//                the ranks meet;
+//   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
+//                consumer warpgroups), BF16 l1_out; grid barrier;
+//   6. SwiGLU    pool rows over the grid: SwiGLU + clamp + top-k weight + re-quantization into the
+//                L2 pool; grid barrier;
+//   7. L2        the grouped GEMM's roles over the L2 pool, BF16 l2_out; grid barrier;
+//   8. combine   pool rows of other ranks' tokens into their combine buffers (peer stores); the
+//                ranks meet; tokens over the grid: the top-k sum into y.
+//
+// Between stages a grid barrier (barriers.cuh: one word, never reset) orders every CTA's writes
+// before every CTA's reads; stages that hand data to the TMA (the pools) or take it from the TMA
+// (l1_out, l2_out) also cross the async proxy (publish_to_tma). The cross-rank meetings time out
+// into the barrier's error word; every CTA then leaves the kernel. The workspace is left ready for
+// the next call: the GEMMs' tickets and hand-over flags return to 0, the barrier words run on.
+// Stage boundaries are whole-grid barriers here; the arrival counters that let a block start as
+// soon as its inputs exist replace them stage by stage, inside this same launch.
+#pragma once
+
+#include "barriers.cuh"
+#include "sm90_moe_gemm.cuh"
+#include "sm90_unfused.cuh"
+
+namespace mm {
+namespace mega {
+
+using gemm::GemmParams;
+using namespace mm::unfused;
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+constexpr int kThreads = gemm::kThreads;
+
+// Everything one forward of one rank needs, each stage's part as that stage's own parameters (the
+// unfused launches take the same structs). Rows and tokens the device learns in the kernel (the
+// pool's rows from the plan) are filled in there, not here.
+struct MegaParams {
+  CountParams count;
+  PlanParams plan;
+  RouteParams route;
+  DispatchParams dispatch;
+  SwigluParams swiglu;            // rows: from the plan, in the kernel
+  CombineSendParams combine_send; // rows: from the plan, in the kernel
+  CombineReduceParams combine_reduce;
+  RankBarrierParams ranks;        // the cross-rank meetings (signals, error word, timeout)
+  GemmParams l1, l2;              // expert tables: this rank's plan tables, written in stage 2
+  u64* grid_word;                 // the grid barrier's word (0 when first used, never reset)
+  int num_ranks, tokens;
+};
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 16, "MegaParams layout");
+
+// Writes this thread made with ordinary stores are seen by the TMA (async proxy) loads that follow
+// a barrier, and the TMA's stores by ordinary loads after one.
+__device__ __forceinline__ void publish_to_tma() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// Every CTA: after a stage whose writes other ranks read (and before one that reads theirs). One
+// rank: a grid barrier. Returns false, in every thread of every CTA, when a rank did not arrive.
+__device__ __forceinline__ bool meet_ranks(const MegaParams& p) {
+  if (p.num_ranks == 1) {
+    barriers::grid_barrier<barriers::Scope::Sys>(p.grid_word);
+    return true;
+  }
+  return barriers::grid_rank_barrier(p.grid_word, p.ranks.view, p.ranks.signals, p.ranks.error_word,
+                                     p.ranks.timeout_ns);
+}
+
+// `items` work items over the grid, each split in parts along its channels when there are fewer
+// items than CTAs (as the unfused launches split them over gridDim.y), at most `max_parts` so that
+// every thread keeps work: f(item, thread, threads) with this thread's place among the item's.
+template <class F>
+__device__ __forceinline__ void over_grid(int items, int max_parts, F f) {
+  if (items <= 0) return;
+  const int parts = max(1, min(max_parts, (int)gridDim.x / items));
+  for (int w = blockIdx.x; w < items * parts; w += gridDim.x) {
+    const int part = w % parts;
+    f(w / parts, part * kThreads + (int)threadIdx.x, parts * kThreads);
+  }
+}
+
+// Parts an item of `units` channel units may be split in with every thread keeping one.
+__device__ __forceinline__ int max_parts(int units) { return max(1, units / kThreads); }
+
+// The grouped GEMM of one layer: set up, its roles over this rank's pool, back to one thread group
+// with every barrier of its ring invalidated, its output published to the grid.
+// The shared memory's aligned base is found afresh: nothing is held across the other layer's roles.
+template <class Layer>
+__device__ __forceinline__ void gemm_layer(const MegaParams& p, const GemmParams& layer, const void* act_map,
+                                           const void* out_map) {
+  extern __shared__ __align__(1024) u8 smem_raw[];
+  u8* smem = sm90::align_smem(smem_raw);
+  Layer::setup(smem);
+  Layer::template roles<gemm::Bf16Out>(layer, act_map, out_map, smem);
+  Layer::rejoin(smem);
+  publish_to_tma();
+  barriers::grid_barrier(p.grid_word);
+}
+
+// Rows of this rank's pool plan (the last expert's end), read once the plan is published.
+__device__ __forceinline__ int pool_rows(const GemmParams& layer) {
+  const int last = layer.num_experts - 1;
+  return layer.expert_offset[last] + layer.expert_rows[last];
+}
+
+// The glue stages, each a function of its own: ptxas allocates their registers apart from the GEMM
+// roles', so nothing of theirs is live across a role's main loop.
+
+// 3. route: a CTA per expert; 4. dispatch: pairs over the grid.
+template <int G, bool kL1Fp8Pool>
+__device__ __noinline__ void route_and_dispatch(const MegaParams& p) {
+  for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(p.route, e);
+  barriers::grid_barrier(p.grid_word);
+  over_grid(p.tokens * p.count.top_k, max_parts(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
+    dispatch_pair<G, kL1Fp8Pool>(p.dispatch, pair, t, threads);
+  });
+  publish_to_tma();
+}
+
+// 6. SwiGLU: pool rows over the grid, into the L2 pool.
+template <int G, bool kL2Fp8Pool>
+__device__ __noinline__ void swiglu(const MegaParams& p) {
+  SwigluParams swiglu = p.swiglu;
+  swiglu.rows = pool_rows(p.l1);
+  over_grid(swiglu.rows, max_parts(swiglu.inter / 4), [&](int row, int t, int threads) {
+    swiglu_row<G, kL2Fp8Pool>(swiglu, row, t, threads);
+  });
+  publish_to_tma();
+}
+
+// 8a. combine send: pool rows of other ranks' tokens into their combine buffers.
+__device__ __noinline__ void combine_send(const MegaParams& p) {
+  CombineSendParams send = p.combine_send;
+  send.rows = pool_rows(p.l1);
+  over_grid(send.rows, max_parts(send.hidden / 8), [&](int row, int t, int threads) {
+    combine_send_row(send, row, t, threads);
+  });
+}
+
+// 8b. combine reduce: tokens over the grid, the top-k sums into y.
+__device__ __noinline__ void combine_reduce(const MegaParams& p) {
+  over_grid(p.tokens, max_parts(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
+    combine_reduce_token(p.combine_reduce, token, t, threads);
+  });
+}
+
+// Whether this rank's plan stands (read afresh: nothing is held across the GEMM roles).
+__device__ __forceinline__ bool planned(const MegaParams& p) { return barriers::ptx::ld_relaxed_gpu(p.plan.error) == 0; }
+
+// The forward, every thread of every CTA. L1, L2: the layers' gemm::Gemm specializations (one
+// shape of CTA: the same CTAs per SM); G: the recipe's activation group; the pools' formats follow
+// the layers' tensor-core routes. Dynamic shared memory: the larger layer's plan (stage 1 borrows
+// its start for the histogram).
+template <class L1, class L2, int G>
+__device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act_map, const void* l1_out_map,
+                                         const void* l2_act_map, const void* l2_out_map) {
+  static_assert(L1::kCtasPerSm == L2::kCtasPerSm, "both layers run on one shape of grid");
+  extern __shared__ __align__(1024) u8 smem_raw[];
+
+  // 1. count, and the ranks meet: every rank's counts are in every rank's table.
+  if (blockIdx.x == 0) count_routes(p.count, reinterpret_cast<u32*>(sm90::align_smem(smem_raw)), threadIdx.x, kThreads);
+  if (!meet_ranks(p)) return;
+
+  // 2. plan, by CTA 0 for the grid; a refusal (this rank's ids, any owner's capacity, another
+  // rank's ids) is the same in every CTA and, but for the ids' own rank, on every rank: the
+  // stages are skipped, the meetings kept.
+  if (blockIdx.x == 0) plan_pools(p.plan, threadIdx.x, kThreads);
+  barriers::grid_barrier(p.grid_word);
+
+  // 3. route and 4. dispatch; the ranks meet: every pool holds its rows.
+  if (planned(p)) route_and_dispatch<G, L1::kFp8Route>(p);
+  if (!meet_ranks(p)) return;
+
+  // 5. L1, 6. SwiGLU, 7. L2, 8a. combine send.
+  if (planned(p)) {
+    publish_to_tma();
+    gemm_layer<L1>(p, p.l1, l1_act_map, l1_out_map);
+    swiglu<G, L2::kFp8Route>(p);
+    barriers::grid_barrier(p.grid_word);
+    publish_to_tma();
+    gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map);
+    if (p.num_ranks > 1) combine_send(p);
+  }
+  // The ranks meet: every combine buffer holds its rows. 8b. the top-k sums.
+  if (!meet_ranks(p)) return;
+  if (planned(p)) combine_reduce(p);
+}
+
+}  // namespace mega
+}  // namespace mm

@@ -1,0 +1,438 @@
+//! The fused MoE forward (`cuda/sm90_mega_moe.cuh`): one persistent launch per forward runs every
+//! stage of a [`Pipeline`] — count, plan, route, dispatch, L1, SwiGLU, L2, combine — with the same
+//! device functions and on the same buffers as the unfused launches, so the two are bitwise equal
+//! when they run the same GEMM tiles. The plan is made on the device (no host round trip, no
+//! counts exchange): the host uploads the inputs and queues one kernel.
+//!
+//! [`FusedCore`] is one compiled specialization (the two layers' [`TilePlan`]s, the recipe's
+//! group) with its persistent grid and the workspace its waits use; [`Pipeline::forward_fused`]
+//! queues a forward on it.
+
+use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
+use fp_formats::Recipe;
+
+use crate::gemm::{
+    CONSUMER_WARPS, GemmParams, MAX_SPLIT_PARTS, Mma, Routes, THREADS, TOKEN_TILES, TilePlan,
+    persistent_grid,
+};
+use crate::problem::POOL_ROW_ALIGN;
+use crate::transform::{Fold, TILE_ROWS};
+use crate::unfused::{
+    CombineReduceParams, CombineSendParams, CountParams, DispatchParams, Pipeline, PlanParams,
+    RankBarrierParams, RouteParams, SwigluParams, UNFUSED_HEADER, UnfusedError,
+};
+
+/// The fused kernel's entry point.
+pub const MEGA_SOURCE: (&str, &str) =
+    ("sm90_mega_moe.cu", include_str!("../cuda/sm90_mega_moe.cu"));
+/// The fused kernel, read top to bottom by stage.
+pub const MEGA_HEADER: (&str, &str) =
+    ("sm90_mega_moe.cuh", include_str!("../cuda/sm90_mega_moe.cuh"));
+
+/// `mm::mega::MegaParams`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct MegaParams {
+    count: CountParams,
+    plan: PlanParams,
+    route: RouteParams,
+    dispatch: DispatchParams,
+    swiglu: SwigluParams,
+    combine_send: CombineSendParams,
+    combine_reduce: CombineReduceParams,
+    ranks: RankBarrierParams,
+    l1: GemmParams,
+    l2: GemmParams,
+    grid_word: u64,
+    num_ranks: i32,
+    tokens: i32,
+}
+
+const _: () = assert!(size_of::<MegaParams>() == 696);
+
+/// The two layers' GEMM plans of a fused forward with `tokens_per_tile` tokens per tile, for
+/// weights folded as `folds` (w1, w2).
+pub fn layer_plans(
+    routes: Routes,
+    tokens_per_tile: usize,
+    folds: [Fold; 2],
+) -> Result<[TilePlan; 2], UnfusedError> {
+    Ok([
+        TilePlan::new(routes.l1, tokens_per_tile)?.with_fold(folds[0]),
+        TilePlan::new(routes.l2, tokens_per_tile)?.with_fold(folds[1]),
+    ])
+}
+
+/// The fused kernel's specialization for `recipe`'s activation group and the layers' plans. Both
+/// layers must run on one shape of grid (the same CTAs per SM).
+pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec, UnfusedError> {
+    if l1.ctas_per_sm != l2.ctas_per_sm {
+        return Err(UnfusedError::Shape {
+            what: "fused kernel",
+            detail: format!(
+                "the L1 GEMM ({}) and the L2 GEMM ({}) run different CTAs per SM",
+                l1.tag(),
+                l2.tag()
+            ),
+        });
+    }
+    let spec = KernelSpec::new(
+        format!(
+            "megamoe-kernel/sm90_mega_moe/{recipe}/{}+{}",
+            l1.tag(),
+            l2.tag()
+        ),
+        MEGA_SOURCE,
+    );
+    Ok(l2
+        .defined(l1.defined(spec, "MM_L1_"), "MM_L2_")
+        .define("MM_G", recipe.group())
+        .define("MM_SMEM_BYTES", l1.smem_bytes().max(l2.smem_bytes()))
+        .arches(&[Arch::Sm90a])
+        .no_spill()
+        .header(MEGA_HEADER)
+        .header(UNFUSED_HEADER)
+        .headers(crate::CUDA_HEADERS)
+        .headers(barriers::CUDA_HEADERS)
+        .header(cuda_rt::CUDA_HEADER)
+        .header(fp_formats::CUDA_HEADER))
+}
+
+/// The fused specializations `cargo xtask kernels` checks: each route pair a pipeline runs, at
+/// the smallest and the largest tile (two CTAs per SM and one), weights with the default fold.
+pub fn kernels() -> Vec<KernelSpec> {
+    let tiles = [TOKEN_TILES[0], TOKEN_TILES[TOKEN_TILES.len() - 1]];
+    [
+        (Recipe::G128, Routes::both(Mma::Fp8)),
+        (Recipe::G128, Routes::EXACT_L1),
+        (Recipe::Mx32, Routes::EXACT),
+    ]
+    .into_iter()
+    .flat_map(|(recipe, routes)| {
+        tiles.into_iter().map(move |bn| {
+            let plan = |mma| TilePlan::new(mma, bn).expect("listed tile");
+            fused_spec(recipe, [plan(routes.l1), plan(routes.l2)]).expect("one grid shape")
+        })
+    })
+    .collect()
+}
+
+/// One compiled fused specialization on one GPU: its persistent grid (every CTA resident at once:
+/// its stages meet at grid barriers) and the workspace of its waits, zero between launches.
+pub struct FusedCore {
+    pub plans: [TilePlan; 2],
+    kernel: Kernel,
+    grid: u32,
+    cluster: usize,
+    smem_bytes: usize,
+    /// The GEMM layers' split-tail hand-overs (as [`crate::GemmCore`]'s), sized for the grid.
+    partials: CudaSlice<f32>,
+    partial_ready: CudaSlice<u32>,
+    /// The GEMM layers' dynamic schedule: next item, CTAs done drawing.
+    tickets: CudaSlice<u32>,
+    /// The error word the GEMM layers' in-kernel waits record into (never reset).
+    error: CudaSlice<u64>,
+    /// The grid barrier's word.
+    grid_word: CudaSlice<u64>,
+}
+
+impl FusedCore {
+    pub fn new(
+        gpu: &Gpu,
+        jit: &Jit,
+        recipe: Recipe,
+        plans: [TilePlan; 2],
+    ) -> Result<Self, UnfusedError> {
+        let spec = fused_spec(recipe, plans)?;
+        let compiled = jit.compile(&spec, Arch::Sm90a)?;
+        tracing::debug!(spec = %spec.name, outcome = ?compiled.outcome, ms = compiled.elapsed.as_secs_f64() * 1e3, "fused kernel ready");
+        let kernel = gpu.load_module(&compiled.cubin)?.kernel("mm_mega_moe")?;
+        let [l1, l2] = plans;
+        let cluster = l1.cluster.max(l2.cluster);
+        let smem_bytes = l1.smem_bytes().max(l2.smem_bytes());
+        let grid = persistent_grid(
+            gpu,
+            &kernel,
+            &spec.name,
+            [l1.ctas_per_sm, cluster, smem_bytes],
+            true,
+        )?;
+        let split_tile = plans
+            .iter()
+            .filter(|p| p.splits_tail())
+            .map(|p| TILE_ROWS * p.tokens_per_tile)
+            .max()
+            .unwrap_or(0);
+        let hand_overs = if split_tile > 0 {
+            grid as usize * (MAX_SPLIT_PARTS - 1)
+        } else {
+            0
+        };
+        Ok(Self {
+            plans,
+            kernel,
+            grid,
+            cluster,
+            smem_bytes,
+            partials: gpu.alloc_zeros(hand_overs * split_tile)?,
+            partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
+            tickets: gpu.alloc_zeros(2)?,
+            error: gpu.alloc_zeros(1)?,
+            grid_word: gpu.alloc_zeros(1)?,
+        })
+    }
+
+    /// CTAs of every launch.
+    pub fn grid(&self) -> u32 {
+        self.grid
+    }
+
+    /// After the stream is synchronized: whether a GEMM layer's in-kernel wait gave up.
+    pub fn check_error(&self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        barriers::check_error_word(gpu.download(&self.error)?[0])?;
+        Ok(())
+    }
+}
+
+impl Pipeline {
+    /// The tokens per tile a fused forward of this rank's last inputs picks without the other
+    /// ranks' counts: the tile for experts of `R ×` this rank's average rows per expert it routes
+    /// to (at R = 1 the unfused forward's choice exactly).
+    pub fn fused_tokens_per_tile(&self, counts: &[u32]) -> usize {
+        let hit = counts.iter().filter(|&&c| c > 0).count();
+        let rows: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        let avg = if hit == 0 {
+            0.0
+        } else {
+            rows as f64 / hit as f64 * self.shape.num_ranks as f64
+        };
+        TilePlan::tokens_per_tile_for(avg)
+    }
+
+    /// Compiles, once, the fused kernel for `tokens_per_tile`.
+    pub fn prepare_fused(
+        &mut self,
+        gpu: &Gpu,
+        jit: &Jit,
+        tokens_per_tile: usize,
+    ) -> Result<(), UnfusedError> {
+        if !self.fused.contains_key(&tokens_per_tile) {
+            let plans = layer_plans(
+                self.shape.routes,
+                tokens_per_tile,
+                [self.w1.fold, self.w2.fold],
+            )?;
+            let core = FusedCore::new(gpu, jit, self.shape.recipe, plans)?;
+            self.fused.insert(tokens_per_tile, core);
+        }
+        Ok(())
+    }
+
+    /// Compiles the fused kernel of every token tile, so that no fused forward compiles. Returns
+    /// how many the pipeline holds.
+    pub fn warm_up_fused(&mut self, gpu: &Gpu, jit: &Jit) -> Result<usize, UnfusedError> {
+        let largest = TilePlan::tokens_per_tile_for(self.shape.pool_rows as f64);
+        for bn in TOKEN_TILES.into_iter().filter(|&bn| bn <= largest) {
+            self.prepare_fused(gpu, jit, bn)?;
+        }
+        Ok(self.fused.len())
+    }
+
+    /// Collective, queued on the stream: the whole forward of the inputs [`Pipeline::set_inputs`]
+    /// uploaded, as one launch with GEMM tiles of `tokens_per_tile` tokens, every rank's launch
+    /// meeting the others' on the device. `y` ([`Pipeline::download_y`]) once the stream is done;
+    /// [`Pipeline::check_errors`] then says whether the device refused the routes or the plan
+    /// (every rank refuses alike) or a rank did not arrive.
+    pub fn forward_fused(
+        &mut self,
+        gpu: &Gpu,
+        jit: &Jit,
+        tokens_per_tile: usize,
+    ) -> Result<(), UnfusedError> {
+        let tokens = self.tokens.expect("set_inputs before forward_fused");
+        self.prepare_fused(gpu, jit, tokens_per_tile)?;
+        let s = self.shape;
+        let el = s.experts_per_rank();
+        let pairs = (tokens * s.top_k) as i32;
+        gpu.memset(&mut self.error_words.slice_mut(1..3), 0)?;
+        let stream = gpu.stream();
+        let own = self.own();
+        let dev = |slice: &CudaSlice<i32>| slice.device_ptr(stream).0;
+        let [first_row, expert_offset, expert_rows] =
+            Self::plan_tables(&s).map(|table| self.plan_dev.slice(table).device_ptr(stream).0);
+        let peers = self.peers.device_ptr(stream).0;
+        let topk_idx = dev(&self.inputs.topk_idx);
+        let route = self.route.device_ptr_mut(stream).0;
+        let plan_error = self.error_words.slice(1..3).device_ptr(stream).0;
+        let core = self.fused.get_mut(&tokens_per_tile).expect("prepared above");
+        let [p1, p2] = core.plans;
+        let partials = core.partials.device_ptr_mut(stream).0;
+        let partial_ready = core.partial_ready.device_ptr_mut(stream).0;
+        let tickets = core.tickets.device_ptr_mut(stream).0;
+        let gemm_error = core.error.device_ptr_mut(stream).0;
+        let l1_out = self.l1_out.device_ptr_mut(stream).0;
+        let l2_act = self.l2_act.device_ptr_mut(stream).0;
+        let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
+        let l2_out = self.l2_out.device_ptr_mut(stream).0;
+        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| {
+            GemmParams {
+                w_codes: w.codes.device_ptr(stream).0,
+                w_meta: w.meta.device_ptr(stream).0,
+                act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
+                out,
+                expert_offset,
+                expert_rows,
+                num_experts: el as i32,
+                n_out: w.n as i32,
+                k: w.k as i32,
+                sf_stride: s.sf_stride() as i32,
+                partials,
+                partial_ready,
+                split_parts: if plan.splits_tail() {
+                    plan.split_parts as i32
+                } else {
+                    1
+                },
+                pad_: 0,
+                tickets: if plan.schedules_dynamically() {
+                    tickets
+                } else {
+                    0
+                },
+                trace: 0,
+                error: gemm_error,
+            }
+        };
+        let params = MegaParams {
+            count: CountParams {
+                topk_idx,
+                peers,
+                error: plan_error,
+                pairs,
+                top_k: s.top_k as i32,
+                num_experts: s.num_experts as i32,
+                num_ranks: s.num_ranks as i32,
+                rank: self.rank as i32,
+                pad: 0,
+            },
+            plan: PlanParams {
+                counts: own.counts,
+                first_row,
+                expert_offset,
+                expert_rows,
+                error: plan_error,
+                num_ranks: s.num_ranks as i32,
+                num_experts: s.num_experts as i32,
+                rank: self.rank as i32,
+                capacity: s.pool_rows as i32,
+                row_align: POOL_ROW_ALIGN as i32,
+                pad: 0,
+            },
+            route: RouteParams {
+                topk_idx,
+                first_row,
+                route,
+                expert_offset,
+                expert_rows,
+                meta: own.meta,
+                pairs,
+                experts_per_rank: el as i32,
+                rank: self.rank as i32,
+                pad: 0,
+            },
+            dispatch: DispatchParams {
+                x: self.inputs.x.device_ptr(stream).0,
+                x_sf: self.inputs.x_sf.device_ptr(stream).0,
+                route,
+                topk_idx,
+                topk_w: self.inputs.topk_w.device_ptr(stream).0,
+                peers,
+                tokens: tokens as i32,
+                top_k: s.top_k as i32,
+                hidden: s.hidden as i32,
+                experts_per_rank: el as i32,
+                staged_row_bytes: s.staged_row_bytes() as i32,
+                sf_stride: s.sf_stride() as i32,
+                rank: self.rank as i32,
+                // Rows go straight into their owners' pools: the unstaging would be a stage more.
+                staged: 0,
+            },
+            swiglu: SwigluParams {
+                l1_out,
+                meta: own.meta,
+                silu: self.silu.device_ptr(stream).0,
+                l2_act,
+                l2_sf,
+                rows: 0,
+                inter: s.intermediate as i32,
+                sf_stride: s.sf_stride() as i32,
+                has_clamp: i32::from(s.clamp.is_some()),
+                clamp: s.clamp.unwrap_or(0.0),
+                pad: 0,
+            },
+            combine_send: CombineSendParams {
+                l2_out,
+                meta: own.meta,
+                peers,
+                rows: 0,
+                hidden: s.hidden as i32,
+                max_tokens: s.max_tokens as i32,
+                rank: self.rank as i32,
+            },
+            combine_reduce: CombineReduceParams {
+                combine: own.combine,
+                topk_idx,
+                y: self.y.device_ptr_mut(stream).0,
+                l2_out,
+                route,
+                tokens: tokens as i32,
+                top_k: s.top_k as i32,
+                hidden: s.hidden as i32,
+                max_tokens: s.max_tokens as i32,
+                experts_per_rank: el as i32,
+                rank: self.rank as i32,
+            },
+            ranks: RankBarrierParams {
+                view: self.barrier_view.device_ptr(stream).0,
+                signals: own.signals,
+                error_word: self.error_words.slice(0..1).device_ptr(stream).0,
+                timeout_ns: self.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64,
+            },
+            l1: layer(p1, &self.w1, own.l1_sf, l1_out),
+            l2: layer(p2, &self.w2, l2_sf, l2_out),
+            grid_word: core.grid_word.device_ptr_mut(stream).0,
+            num_ranks: s.num_ranks as i32,
+            tokens: tokens as i32,
+        };
+        // The maps cover every row of the pools; a tile past its expert's rows reads rows whose
+        // results are never stored.
+        let rows = s.pool_rows;
+        let [l1_act_map, l1_out_map] =
+            p1.tensor_maps(own.l1_act, rows, s.hidden, l1_out, 2 * s.intermediate)?;
+        let [l2_act_map, l2_out_map] =
+            p2.tensor_maps(l2_act, rows, s.intermediate, l2_out, s.hidden)?;
+        let mut config =
+            LaunchConfig::linear(core.grid, THREADS).dynamic_smem(core.smem_bytes as u32);
+        if core.cluster > 1 {
+            config = config.cluster([core.cluster as u32, 1, 1]);
+        }
+        // SAFETY: every pointer is a buffer of this pipeline sized for `shape` (max_tokens pairs,
+        // pool_rows rows: the device plan refuses a plan past them before any row is written) or
+        // a region of every rank's live symmetric buffer (Pipeline::new's contract); the kernel's
+        // grid is resident at once (persistent_grid), as its grid barriers need.
+        unsafe {
+            core.kernel
+                .launch(stream, config)
+                .scalar(params)
+                .tensor_map(&l1_act_map)
+                .tensor_map(&l1_out_map)
+                .tensor_map(&l2_act_map)
+                .tensor_map(&l2_out_map)
+                .launch()?
+        };
+        self.plan = None;
+        self.launched_fused = Some(tokens_per_tile);
+        Ok(())
+    }
+}
