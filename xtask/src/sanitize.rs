@@ -122,6 +122,7 @@ pub const ENTRIES: &[Entry] = &[
         "unfused pipeline",
         "megamoe.gpu_cuda::tiny_one_gpu_clamp_skew_and_masked_tokens",
     ),
+    entry("fused kernel", "megamoe.gpu_fused::fused_tiny_one_forward"),
 ];
 
 /// A hazard racecheck reports that its model makes, not the kernel: a write site and a read site

@@ -43,6 +43,38 @@ pub const PROCESS_DEADLINE: Duration = Duration::from_secs(3600);
 /// Stage marks of one forward: around dispatch, the GEMM stages and combine send, combine reduce.
 const FORWARD_MARKS: usize = 9;
 
+/// Which kernels a forward runs: the unfused pipeline (a launch per stage, the plan on the host
+/// from the counts every rank exchanges) or the fused kernel (one persistent launch per forward,
+/// the plan on the device: `megamoe_kernel::fused`). Both give the same bits when they run the
+/// same GEMM tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ForwardPath {
+    #[default]
+    Unfused,
+    Fused,
+}
+
+impl std::fmt::Display for ForwardPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ForwardPath::Unfused => "unfused",
+            ForwardPath::Fused => "fused",
+        })
+    }
+}
+
+impl std::str::FromStr for ForwardPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "unfused" => Ok(ForwardPath::Unfused),
+            "fused" => Ok(ForwardPath::Fused),
+            _ => Err(format!("unknown forward path `{s}` (unfused or fused)")),
+        }
+    }
+}
+
 /// Which local GPU each rank of a world drives: `ranks_per_gpu` consecutive ranks share one, on
 /// GPUs 0, 1, …. Ranks that share a GPU run the same cross-rank protocol through device memory
 /// instead of NVLink, so R ranks can be tested on fewer GPUs.
@@ -257,6 +289,10 @@ pub struct CudaRank<'w> {
     stage_marks: bool,
     /// The expert counts of the inputs on the device ([`CudaRank::rerun`]).
     uploaded: Option<Vec<u32>>,
+    /// Which kernels forwards run ([`CudaRank::set_path`]).
+    path: ForwardPath,
+    /// The fused forward's tokens per tile, when the caller fixes it ([`CudaRank::set_fused_tile`]).
+    fused_tile: Option<usize>,
 }
 
 impl<'w> CudaRank<'w> {
@@ -323,6 +359,8 @@ impl<'w> CudaRank<'w> {
             marks: EventTrail::new(gpu, FORWARD_MARKS)?,
             stage_marks: true,
             uploaded: None,
+            path: ForwardPath::Unfused,
+            fused_tile: None,
         })
     }
 
@@ -337,6 +375,18 @@ impl<'w> CudaRank<'w> {
     /// GPU time (perf.md v67).
     pub fn set_stage_marks(&mut self, on: bool) {
         self.stage_marks = on;
+    }
+
+    /// Which kernels the next forwards run (every rank of the world sets the same).
+    pub fn set_path(&mut self, path: ForwardPath) {
+        self.path = path;
+    }
+
+    /// The fused forward's tokens per tile: `None` (the default) picks it from this rank's own
+    /// counts (`Pipeline::fused_tokens_per_tile`); a tile fixes it, e.g. the unfused forward's
+    /// choice, which makes the two bitwise equal.
+    pub fn set_fused_tile(&mut self, tokens_per_tile: Option<usize>) {
+        self.fused_tile = tokens_per_tile;
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -423,8 +473,61 @@ impl<'w> CudaRank<'w> {
         self.run(Ok(counts))
     }
 
+    /// Collective: the fused forward from this rank's expert counts (or its input error) to y on
+    /// the device: one launch, the plan made in it. The ranks meet once on the host before it
+    /// (whether every rank's inputs stand, after any compile), so that no launch waits on the
+    /// device for a rank that refused its inputs or is still compiling.
+    fn run_fused(&mut self, counts: Result<Vec<u32>, CudaError>) -> Result<StageTimes, CudaError> {
+        let world = self.world;
+        let gpu = world.local_gpu();
+        let me = world.rank();
+        let mut times = StageTimes::default();
+        let mut clock = Instant::now();
+        let lap = |clock: &mut Instant| {
+            let d = clock.elapsed();
+            *clock = Instant::now();
+            d
+        };
+        let tile = match &counts {
+            Ok(c) => {
+                let tile = self
+                    .fused_tile
+                    .unwrap_or_else(|| self.pipe.fused_tokens_per_tile(c));
+                self.pipe
+                    .prepare_fused(gpu, &self.jit, tile)
+                    .map(|()| tile)
+                    .map_err(CudaError::from)
+            }
+            Err(_) => Ok(0),
+        };
+        let ok = counts.is_ok() && tile.is_ok();
+        let all = world.all_gather(&[u8::from(ok)])?;
+        counts?;
+        let tile = tile?;
+        if let Some(rank) = all.iter().position(|b| b.first() != Some(&1)) {
+            return Err(CudaError::PeerFailed { rank, me });
+        }
+        times.route = lap(&mut clock);
+        let stream = gpu.stream().clone();
+        self.marks.clear();
+        let start = self.marks.mark(&stream)?;
+        self.pipe.forward_fused(gpu, &self.jit, tile)?;
+        let end = self.marks.mark(&stream)?;
+        times.queue = lap(&mut clock);
+        self.pipe.stage_sync(gpu)?;
+        times.wall = times.route + times.queue + lap(&mut clock);
+        self.pipe.check_errors(gpu)?;
+        times.span = Duration::from_secs_f64(f64::from(self.marks.between_ms(start, end)?) * 1e-3);
+        // One launch has no stage boundaries the host can mark: the stages stay zero.
+        times.stage_marks = self.stage_marks;
+        Ok(times)
+    }
+
     /// Collective: from this rank's expert counts (or its input error) to y on the device.
     fn run(&mut self, counts: Result<Vec<u32>, CudaError>) -> Result<StageTimes, CudaError> {
+        if self.path == ForwardPath::Fused {
+            return self.run_fused(counts);
+        }
         let world = self.world;
         let gpu = world.local_gpu();
         let me = world.rank();

@@ -1,0 +1,303 @@
+//! The fused forward (`ForwardPath::Fused`: one persistent launch per forward, the plan made on the
+//! device) on one GPU: bit for bit the unfused forward of the same inputs with the same GEMM tile,
+//! and within the contract's bound of the CPU reference, on every route — the tiny preset and the
+//! per-rank shapes of DeepSeek-V4-Flash / -Pro, T ∈ {0, 1, 7, 128, 1000, 8192}, masked slots,
+//! skewed routing, a rank without tokens, R = 1 and R = 2, 4, 8 ranks sharing the GPU. Every
+//! forward writes into poisoned outputs; calls of different T share one pipeline, and a forward run
+//! again from the inputs on the device (A, B, A) gives A's bits.
+
+use fp_formats::bf16;
+use megamoe::cuda::{CudaError, CudaRank, ForwardPath, Placement, run_local};
+use megamoe::{Config, Problem, RankInputs, Recipe};
+use megamoe_kernel::{Mma, Routes};
+use megamoe_problems::check::calc_diff;
+use megamoe_problems::generate::{self, GenOptions};
+use megamoe_problems::reference;
+use symm_mem::World;
+
+/// Every (recipe, routes) of the pipeline.
+const ROUTES: [(Recipe, Routes); 4] = [
+    (Recipe::Mx32, Routes::EXACT),
+    (Recipe::G128, Routes::EXACT),
+    (Recipe::G128, Routes::EXACT_L1),
+    (Recipe::G128, Routes::both(Mma::Fp8)),
+];
+
+/// The acceptance bound against the reference: the contract's, or the FP8 route's documented one
+/// when the L1 goes through FP8 (gpu_cuda.rs says why).
+fn tol(routes: Routes) -> f64 {
+    match routes.l1 {
+        Mma::Bf16 => 1e-5,
+        Mma::Fp8 => 1e-3,
+    }
+}
+
+fn problem(config: Config, tokens: usize, seed: u64, mask: f64) -> Problem {
+    generate::problem(&GenOptions {
+        config,
+        tokens,
+        seed,
+        mask_fraction: mask,
+    })
+}
+
+/// The first `t` tokens of `inputs`.
+fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
+    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
+    RankInputs {
+        tokens: t,
+        x: inputs.x[..t * h].to_vec(),
+        x_sf: inputs.x_sf[..t * h / g].to_vec(),
+        topk_idx: inputs.topk_idx[..t * k].to_vec(),
+        topk_weights: inputs.topk_weights[..t * k].to_vec(),
+    }
+}
+
+/// Most slots of most tokens to experts of the last rank, every slot of token 3 masked.
+fn skew(problem: &mut Problem) {
+    let (k, e) = (problem.config.top_k, problem.config.num_experts);
+    for x in &mut problem.inputs {
+        for t in 0..x.tokens {
+            for j in 0..k {
+                let slot = &mut x.topk_idx[t * k + j];
+                if t == 3 {
+                    *slot = -1;
+                } else if t % 5 != 0 && *slot >= 0 {
+                    *slot = (e - 1 - j % e) as i64;
+                }
+            }
+        }
+    }
+}
+
+fn differing(a: &[bf16], b: &[bf16]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// One rank's part: one pipeline for the problem's largest T; per case the unfused forward, then
+/// the fused forward with the unfused forward's tile (bitwise equal), then the fused forward run
+/// again from the inputs on the device (the same bits), each into poisoned outputs. Returns the
+/// fused y per case.
+fn fused_rank(
+    what: &str,
+    world: &World,
+    problem: &Problem,
+    routes: Routes,
+    cases: &[Vec<RankInputs>],
+) -> Result<Vec<Vec<bf16>>, CudaError> {
+    let r = world.rank();
+    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
+    let mut rank = CudaRank::new(
+        world,
+        &problem.config,
+        max_tokens,
+        routes,
+        &problem.weights[r],
+    )?;
+    let mut ys = Vec::new();
+    for inputs in cases {
+        let t = inputs[r].tokens;
+        rank.set_path(ForwardPath::Unfused);
+        rank.poison()?;
+        world.barrier()?;
+        let (unfused, _) = rank.forward(&inputs[r])?;
+        let tile = rank.pipeline().tokens_per_tile();
+        rank.set_path(ForwardPath::Fused);
+        rank.set_fused_tile(Some(tile));
+        rank.poison()?;
+        world.barrier()?;
+        let (fused, times) = rank.forward(&inputs[r])?;
+        eprintln!(
+            "{what}: rank {r}: T = {t}, tile {tile}: fused span {:.1} us, wall {:.1} us",
+            times.span.as_secs_f64() * 1e6,
+            times.wall.as_secs_f64() * 1e6
+        );
+        let nan = fused.iter().filter(|v| v.is_nan()).count();
+        assert_eq!(
+            nan, 0,
+            "{what}: rank {r}: T = {t}: {nan} fused outputs unwritten (poisoned) or NaN"
+        );
+        let differ = differing(&fused, &unfused);
+        assert_eq!(
+            differ,
+            0,
+            "{what}: rank {r}: T = {t}: {differ} of {} values of the fused y differ from the unfused y",
+            fused.len()
+        );
+        rank.poison()?;
+        world.barrier()?;
+        rank.rerun()?;
+        let again = rank.y()?;
+        assert_eq!(
+            differing(&again, &fused),
+            0,
+            "{what}: rank {r}: T = {t}: the fused forward run again differs"
+        );
+        ys.push(fused);
+    }
+    rank.set_fused_tile(None);
+    Ok(ys)
+}
+
+/// The fused and unfused forwards of the first `t` tokens of every rank for each `t` in
+/// `token_counts`, ranks placed as `placement` says, on one pipeline per rank; the fused y checked
+/// against the reference unless `check_reference` is false (large T).
+fn run_cases(
+    what: &str,
+    problem: &Problem,
+    routes: Routes,
+    token_counts: &[usize],
+    placement: Placement,
+    check_reference: bool,
+) {
+    let config = &problem.config;
+    let cases: Vec<Vec<RankInputs>> = token_counts
+        .iter()
+        .map(|&t| {
+            problem
+                .inputs
+                .iter()
+                .map(|x| truncate(x, config, t.min(x.tokens)))
+                .collect()
+        })
+        .collect();
+    let got = run_local(placement, |world| {
+        fused_rank(what, world, problem, routes, &cases)
+    })
+    .unwrap_or_else(|e| panic!("{what}: the fused forward failed: {e:?}"));
+    if !check_reference {
+        return;
+    }
+    for (c, inputs) in cases.iter().enumerate() {
+        let want = reference::forward(config, &problem.weights, inputs).expect("reference");
+        for (r, ys) in got.iter().enumerate() {
+            let g: Vec<f32> = ys[c].iter().map(|v| v.to_f32()).collect();
+            let w: Vec<f32> = want[r].iter().map(|v| v.to_f32()).collect();
+            let diff = calc_diff(&g, &w);
+            eprintln!(
+                "{what}: rank {r}: T = {}: calc_diff {diff:.3e} against the reference",
+                inputs[r].tokens
+            );
+            assert!(
+                diff <= tol(routes),
+                "{what}: rank {r}: T = {}: calc_diff {diff:.3e} > {:e}",
+                inputs[r].tokens,
+                tol(routes)
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_equals_unfused_tiny_every_route() {
+    for (recipe, routes) in ROUTES {
+        let config = Config::tiny().with_recipe(recipe);
+        let p = problem(config, 1000, 91, 0.25);
+        let what = format!("tiny {recipe}/{routes} fused");
+        run_cases(
+            &what,
+            &p,
+            routes,
+            &[1000, 128, 7, 1, 0, 128],
+            Placement::one_gpu(1),
+            true,
+        );
+        let mut p = problem(config.with_clamp(Some(1.0)), 256, 92, 0.1);
+        skew(&mut p);
+        let what = format!("tiny skewed clamped {recipe}/{routes} fused");
+        run_cases(&what, &p, routes, &[256, 7], Placement::one_gpu(1), true);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_tiny_one_forward() {
+    // The sanitizer's case (xtask/src/sanitize.rs): one small forward of each recipe, checked.
+    for (recipe, routes) in [
+        (Recipe::Mx32, Routes::EXACT),
+        (Recipe::G128, Routes::both(Mma::Fp8)),
+    ] {
+        let p = problem(Config::tiny().with_recipe(recipe), 24, 93, 0.1);
+        let what = format!("tiny {recipe}/{routes} fused, sanitizer case");
+        run_cases(&what, &p, routes, &[24], Placement::one_gpu(1), true);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_equals_unfused_v4_shapes() {
+    for (recipe, routes) in ROUTES {
+        let flash = Config {
+            num_experts: 16,
+            ..Config::deepseek_v4_flash()
+        }
+        .with_recipe(recipe);
+        let p = problem(flash, 128, 94, 0.1);
+        let what = format!("v4-flash shape {recipe}/{routes} fused");
+        run_cases(&what, &p, routes, &[128, 7, 1], Placement::one_gpu(1), true);
+    }
+    for (recipe, routes) in [
+        (Recipe::G128, Routes::both(Mma::Fp8)),
+        (Recipe::Mx32, Routes::EXACT),
+    ] {
+        let pro = Config {
+            num_experts: 8,
+            ..Config::deepseek_v4_pro()
+        }
+        .with_recipe(recipe);
+        let p = problem(pro, 7, 95, 0.1);
+        let what = format!("v4-pro shape {recipe}/{routes} fused");
+        run_cases(&what, &p, routes, &[7, 1], Placement::one_gpu(1), true);
+        // Large T: bit for bit the unfused forward (the reference of 8192 tokens takes minutes).
+        let p = problem(pro, 8192, 96, 0.05);
+        let what = format!("v4-pro shape {recipe}/{routes} fused, large T");
+        run_cases(
+            &what,
+            &p,
+            routes,
+            &[8192, 1000, 128],
+            Placement::one_gpu(1),
+            false,
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_ranks_sharing_one_gpu_every_route() {
+    // The fused kernel's cross-rank protocol (peer counts, dispatch and combine stores, device
+    // meetings) among R ranks on GPU 0, each on its own share of the SMs.
+    for (recipe, routes) in ROUTES {
+        let config = Config::tiny().with_recipe(recipe);
+        let p = problem(config.with_ranks(2), 128, 97, 0.25);
+        let what = format!("tiny {recipe}/{routes} R=2 on one GPU, fused");
+        run_cases(&what, &p, routes, &[128, 7, 1, 0], Placement::one_gpu(2), true);
+        let mut p = problem(config.with_ranks(4).with_clamp(Some(1.0)), 96, 98, 0.1);
+        skew(&mut p);
+        let what = format!("tiny skewed {recipe}/{routes} R=4 on one GPU, fused");
+        run_cases(&what, &p, routes, &[96, 7], Placement::one_gpu(4), true);
+        let mut p = problem(config.with_ranks(8), 64, 99, 0.1);
+        p.inputs[5] = truncate(&p.inputs[5], &config, 0);
+        let what = format!("tiny rank 5 empty {recipe}/{routes} R=8 on one GPU, fused");
+        run_cases(&what, &p, routes, &[64, 1], Placement::one_gpu(8), true);
+    }
+    for (recipe, routes) in ROUTES {
+        let p = problem(
+            Config {
+                num_experts: 16,
+                ..Config::deepseek_v4_flash()
+            }
+            .with_recipe(recipe)
+            .with_ranks(4),
+            128,
+            100,
+            0.1,
+        );
+        let what = format!("v4-flash shape {recipe}/{routes} R=4 on one GPU, fused");
+        run_cases(&what, &p, routes, &[128, 1], Placement::one_gpu(4), true);
+    }
+}
