@@ -1,5 +1,6 @@
-//! `megamoe-bench`, the pipeline benchmark of `megamoe bench`: the unfused CUDA pipeline
-//! ([`megamoe::cuda`]) timed on R local GPUs for a preset
+//! `megamoe-bench`, the pipeline benchmark of `megamoe bench`: the CUDA forward ([`megamoe::cuda`])
+//! on each path asked for — the unfused pipeline and the fused kernel, on one pipeline, point by
+//! point — timed on R local GPUs for a preset
 //! (ranks as threads of one process, [`run`], or one process per rank, [`run_rank`]), per route
 //! (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
 //! (`moe_sched::Plan`, uniform routing): device-side wall time (everything but the host's upload of
@@ -20,7 +21,9 @@ use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
 
-use megamoe::cuda::{CudaError, CudaRank, Placement, StageTimes, agree_max, run_local};
+use megamoe::cuda::{
+    CudaError, CudaRank, ForwardPath, Placement, StageTimes, agree_max, run_local,
+};
 use megamoe::{Config, RankInputs, RankWeights, Recipe};
 use megamoe_problems::generate::{self, GenOptions};
 
@@ -33,6 +36,8 @@ pub struct BenchOptions {
     pub tokens: Vec<usize>,
     /// (recipe, the GEMMs' tensor-core routes) pairs.
     pub routes: Vec<(Recipe, Routes)>,
+    /// The forward's paths, each timed at every point on the same pipeline.
+    pub paths: Vec<ForwardPath>,
     /// Timed forwards per point (after one warm-up).
     pub reps: usize,
     /// 0: every timed forward with its host I/O, which leaves the GPU idle in between (it meets
@@ -50,6 +55,8 @@ pub struct BenchRow {
     pub recipe: Recipe,
     #[serde(serialize_with = "serialize_display")]
     pub routes: Routes,
+    #[serde(serialize_with = "serialize_display")]
+    pub path: ForwardPath,
     pub ranks: usize,
     pub tokens_per_rank: usize,
     /// Routed (token, slot) pairs of rank 0.
@@ -75,8 +82,10 @@ pub struct BenchRow {
     pub communication_us: f64,
     /// The plan's NVLink bytes (pull + write-back) over `communication_us`; 0 on one rank.
     pub nvlink_gbps: f64,
-    /// (kernel stage, share of the kernels' time in %).
+    /// (kernel stage, share of the kernels' time in %); none for the fused path (one launch).
     pub stage_shares: Vec<(String, f64)>,
+    /// The kernels' time over the unfused path's at the same point, when both were timed.
+    pub over_unfused: Option<f64>,
 }
 
 /// Runs every (route, tokens) point on a local world (a thread per rank) and reports rank 0's
@@ -118,21 +127,35 @@ pub fn run_rank(
 }
 
 /// Every route's rows from `time(config, routes)`: one rank's inputs and times, `[point]` and
-/// `[point][rep]`.
+/// `[point][path][rep]`; the fused rows carry their ratio to the unfused row of their point.
 #[allow(clippy::type_complexity)]
 fn rows(
     opts: &BenchOptions,
     mut progress: impl FnMut(&BenchRow),
-    mut time: impl FnMut(&Config, Routes) -> Result<(Vec<RankInputs>, Vec<Vec<StageTimes>>), CudaError>,
+    mut time: impl FnMut(&Config, Routes) -> Result<(Vec<RankInputs>, Vec<Vec<Vec<StageTimes>>>), CudaError>,
 ) -> Result<Vec<BenchRow>, CudaError> {
     let mut rows = Vec::new();
     for &(recipe, routes) in &opts.routes {
         let config = opts.config.with_recipe(recipe);
         let (inputs, times) = time(&config, routes)?;
-        for (point, runs) in inputs.iter().zip(&times) {
-            let row = summarize(&config, routes, point, runs);
-            progress(&row);
-            rows.push(row);
+        for (point, paths) in inputs.iter().zip(&times) {
+            let point_rows: Vec<BenchRow> = opts
+                .paths
+                .iter()
+                .zip(paths)
+                .map(|(&path, runs)| summarize(&config, routes, path, point, runs))
+                .collect();
+            let unfused = point_rows
+                .iter()
+                .find(|r| r.path == ForwardPath::Unfused)
+                .map(|r| r.kernels_us);
+            for mut row in point_rows {
+                row.over_unfused = unfused
+                    .filter(|&u| u > 0.0 && row.path != ForwardPath::Unfused)
+                    .map(|u| row.kernels_us / u);
+                progress(&row);
+                rows.push(row);
+            }
         }
     }
     Ok(rows)
@@ -171,10 +194,10 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
         .collect()
 }
 
-/// Collective: this rank's pipeline for the largest point, then per point a warm-up forward and
-/// `2 · opts.reps` timed ones, with and without stage marks in turn (with `opts.warm_up_ms`, back
-/// to back after that long of them; every rank runs as many as the slowest needs);
-/// `[point][rep]`.
+/// Collective: this rank's pipeline for the largest point, then per point and path a warm-up
+/// forward and `2 · opts.reps` timed ones, with and without stage marks in turn (with
+/// `opts.warm_up_ms`, back to back after that long of them; every rank runs as many as the slowest
+/// needs); `[point][path][rep]`.
 fn time_points(
     world: &World,
     config: &Config,
@@ -182,15 +205,17 @@ fn time_points(
     opts: &BenchOptions,
     weights: &RankWeights,
     inputs: &[RankInputs],
-) -> Result<Vec<Vec<StageTimes>>, CudaError> {
+) -> Result<Vec<Vec<Vec<StageTimes>>>, CudaError> {
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
     let mut rank = CudaRank::new(world, config, max_tokens, routes, weights)?;
     rank.set_chained_launches(opts.chained_launches);
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
     // each mark costs a forward ≈ 1–1.5 µs of GPU time).
-    inputs
-        .iter()
-        .map(|point| {
+    let mut time_point = |point: &RankInputs,
+                          path: ForwardPath|
+     -> Result<Vec<StageTimes>, CudaError> {
+        rank.set_path(path);
+        {
             rank.set_stage_marks(true);
             rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
             if opts.warm_up_ms == 0 {
@@ -212,17 +237,30 @@ fn time_points(
                     rank.rerun()
                 })
                 .collect()
+        }
+    };
+    inputs
+        .iter()
+        .map(|point| {
+            opts.paths
+                .iter()
+                .map(|&path| time_point(point, path))
+                .collect()
         })
         .collect()
 }
 
-fn serialize_display<S: serde::Serializer>(v: &Routes, s: S) -> Result<S::Ok, S::Error> {
+fn serialize_display<S: serde::Serializer>(
+    v: &impl std::fmt::Display,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
 
 fn summarize(
     config: &Config,
     routes: Routes,
+    path: ForwardPath,
     inputs: &RankInputs,
     runs: &[StageTimes],
 ) -> BenchRow {
@@ -282,6 +320,7 @@ fn summarize(
     BenchRow {
         recipe: config.recipe,
         routes,
+        path,
         ranks: config.num_ranks,
         tokens_per_rank: inputs.tokens,
         pairs,
@@ -301,12 +340,13 @@ fn summarize(
             0.0
         },
         stage_shares,
+        over_unfused: None,
     }
 }
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route          R      T  pairs |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | kernel shares";
+    pub const HEADER: &str = "route         path       R      T  pairs | /unfused |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | kernel shares";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -318,11 +358,14 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<13} {:>2} {:>6} {:>6} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            "{:<13} {:<7} {:>2} {:>6} {:>6} | {:>8} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {}",
             format!("{}/{}", self.recipe, self.routes),
+            self.path,
             self.ranks,
             self.tokens_per_rank,
             self.pairs,
+            self.over_unfused
+                .map_or("".to_owned(), |r| format!("{r:.3}")),
             self.device_us,
             self.tflops,
             self.kernels_us,

@@ -9,7 +9,7 @@
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use megamoe::cuda::Placement;
+use megamoe::cuda::{ForwardPath, Placement};
 use megamoe::{Config, Recipe};
 use megamoe_dataflow::{self as dataflow, EngineOptions};
 use megamoe_kernel::Routes;
@@ -96,6 +96,10 @@ struct BenchArgs {
     /// mx32/bf16 (exact).
     #[arg(long, value_delimiter = ',', default_value = "g128/fp8,mx32/bf16", value_parser = parse_route::<Routes>)]
     routes: Vec<(Recipe, Routes)>,
+    /// The forward's paths, side by side at every point: `unfused` (a launch per stage) and
+    /// `fused` (one persistent launch).
+    #[arg(long, value_delimiter = ',', default_value = "unfused,fused")]
+    path: Vec<ForwardPath>,
     /// Timed forwards per point, after one warm-up: as many again with a mark between every two
     /// stages (the shares and the communication time come from those).
     #[arg(long, default_value_t = 10)]
@@ -607,11 +611,13 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         placement,
         tokens: args.tokens.clone(),
         routes: args.routes.clone(),
+        paths: args.path.clone(),
         reps: args.reps.max(1),
         warm_up_ms: args.warm_up_ms,
         chained_launches: !args.unchained_launches,
     };
-    let bar = ProgressBar::new((args.tokens.len() * args.routes.len()) as u64);
+    let bar =
+        ProgressBar::new((args.tokens.len() * args.routes.len() * args.path.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
     );
