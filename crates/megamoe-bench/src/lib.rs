@@ -132,7 +132,10 @@ pub fn run_rank(
 fn rows(
     opts: &BenchOptions,
     mut progress: impl FnMut(&BenchRow),
-    mut time: impl FnMut(&Config, Routes) -> Result<(Vec<RankInputs>, Vec<Vec<Vec<StageTimes>>>), CudaError>,
+    mut time: impl FnMut(
+        &Config,
+        Routes,
+    ) -> Result<(Vec<RankInputs>, Vec<Vec<Vec<StageTimes>>>), CudaError>,
 ) -> Result<Vec<BenchRow>, CudaError> {
     let mut rows = Vec::new();
     for &(recipe, routes) in &opts.routes {
@@ -211,34 +214,33 @@ fn time_points(
     rank.set_chained_launches(opts.chained_launches);
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
     // each mark costs a forward ≈ 1–1.5 µs of GPU time).
-    let mut time_point = |point: &RankInputs,
-                          path: ForwardPath|
-     -> Result<Vec<StageTimes>, CudaError> {
-        rank.set_path(path);
-        {
-            rank.set_stage_marks(true);
-            rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
-            if opts.warm_up_ms == 0 {
-                return (0..2 * opts.reps)
+    let mut time_point =
+        |point: &RankInputs, path: ForwardPath| -> Result<Vec<StageTimes>, CudaError> {
+            rank.set_path(path);
+            {
+                rank.set_stage_marks(true);
+                rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
+                if opts.warm_up_ms == 0 {
+                    return (0..2 * opts.reps)
+                        .map(|rep| {
+                            rank.set_stage_marks(rep % 2 == 0);
+                            Ok(rank.forward(point)?.1)
+                        })
+                        .collect();
+                }
+                let one = rank.rerun()?.wall.as_secs_f64().max(1e-5);
+                let busy = agree_max(world, (opts.warm_up_ms as f64 * 1e-3 / one).ceil() as u64)?;
+                for _ in 0..busy {
+                    rank.rerun()?;
+                }
+                (0..2 * opts.reps)
                     .map(|rep| {
                         rank.set_stage_marks(rep % 2 == 0);
-                        Ok(rank.forward(point)?.1)
+                        rank.rerun()
                     })
-                    .collect();
+                    .collect()
             }
-            let one = rank.rerun()?.wall.as_secs_f64().max(1e-5);
-            let busy = agree_max(world, (opts.warm_up_ms as f64 * 1e-3 / one).ceil() as u64)?;
-            for _ in 0..busy {
-                rank.rerun()?;
-            }
-            (0..2 * opts.reps)
-                .map(|rep| {
-                    rank.set_stage_marks(rep % 2 == 0);
-                    rank.rerun()
-                })
-                .collect()
-        }
-    };
+        };
     inputs
         .iter()
         .map(|point| {

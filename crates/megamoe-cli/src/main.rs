@@ -616,8 +616,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         warm_up_ms: args.warm_up_ms,
         chained_launches: !args.unchained_launches,
     };
-    let bar =
-        ProgressBar::new((args.tokens.len() * args.routes.len() * args.path.len()) as u64);
+    let bar = ProgressBar::new((args.tokens.len() * args.routes.len() * args.path.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),
     );

@@ -27,8 +27,10 @@ use crate::unfused::{
 pub const MEGA_SOURCE: (&str, &str) =
     ("sm90_mega_moe.cu", include_str!("../cuda/sm90_mega_moe.cu"));
 /// The fused kernel, read top to bottom by stage.
-pub const MEGA_HEADER: (&str, &str) =
-    ("sm90_mega_moe.cuh", include_str!("../cuda/sm90_mega_moe.cuh"));
+pub const MEGA_HEADER: (&str, &str) = (
+    "sm90_mega_moe.cuh",
+    include_str!("../cuda/sm90_mega_moe.cuh"),
+);
 
 /// `mm::mega::MegaParams`, field for field.
 #[repr(C)]
@@ -229,6 +231,11 @@ impl Pipeline {
         Ok(())
     }
 
+    /// The CTAs of the fused kernel for `tokens_per_tile`, once compiled.
+    pub fn fused_grid(&self, tokens_per_tile: usize) -> Option<u32> {
+        self.fused.get(&tokens_per_tile).map(FusedCore::grid)
+    }
+
     /// Compiles the fused kernel of every token tile, so that no fused forward compiles. Returns
     /// how many the pipeline holds.
     pub fn warm_up_fused(&mut self, gpu: &Gpu, jit: &Jit) -> Result<usize, UnfusedError> {
@@ -265,7 +272,10 @@ impl Pipeline {
         let topk_idx = dev(&self.inputs.topk_idx);
         let route = self.route.device_ptr_mut(stream).0;
         let plan_error = self.error_words.slice(1..3).device_ptr(stream).0;
-        let core = self.fused.get_mut(&tokens_per_tile).expect("prepared above");
+        let core = self
+            .fused
+            .get_mut(&tokens_per_tile)
+            .expect("prepared above");
         let [p1, p2] = core.plans;
         let partials = core.partials.device_ptr_mut(stream).0;
         let partial_ready = core.partial_ready.device_ptr_mut(stream).0;
@@ -275,34 +285,32 @@ impl Pipeline {
         let l2_act = self.l2_act.device_ptr_mut(stream).0;
         let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
         let l2_out = self.l2_out.device_ptr_mut(stream).0;
-        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| {
-            GemmParams {
-                w_codes: w.codes.device_ptr(stream).0,
-                w_meta: w.meta.device_ptr(stream).0,
-                act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
-                out,
-                expert_offset,
-                expert_rows,
-                num_experts: el as i32,
-                n_out: w.n as i32,
-                k: w.k as i32,
-                sf_stride: s.sf_stride() as i32,
-                partials,
-                partial_ready,
-                split_parts: if plan.splits_tail() {
-                    plan.split_parts as i32
-                } else {
-                    1
-                },
-                pad_: 0,
-                tickets: if plan.schedules_dynamically() {
-                    tickets
-                } else {
-                    0
-                },
-                trace: 0,
-                error: gemm_error,
-            }
+        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| GemmParams {
+            w_codes: w.codes.device_ptr(stream).0,
+            w_meta: w.meta.device_ptr(stream).0,
+            act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
+            out,
+            expert_offset,
+            expert_rows,
+            num_experts: el as i32,
+            n_out: w.n as i32,
+            k: w.k as i32,
+            sf_stride: s.sf_stride() as i32,
+            partials,
+            partial_ready,
+            split_parts: if plan.splits_tail() {
+                plan.split_parts as i32
+            } else {
+                1
+            },
+            pad_: 0,
+            tickets: if plan.schedules_dynamically() {
+                tickets
+            } else {
+                0
+            },
+            trace: 0,
+            error: gemm_error,
         };
         let params = MegaParams {
             count: CountParams {

@@ -438,21 +438,21 @@ impl TilePlan {
         format!(
             "{}/bn{}/cta{}{}{}{}{}{}",
             self.mma,
-                self.tokens_per_tile,
-                self.ctas_per_sm,
-                if self.cluster > 1 {
-                    format!("/cl{}", self.cluster)
-                } else {
-                    String::new()
-                },
-                if self.fold.row_base { "/rowbase" } else { "" },
-                if self.tables_in_registers() {
-                    "/regfold"
-                } else {
-                    ""
-                },
-                if self.narrows_tiles() { "/narrow" } else { "" },
-                if self.splits_tail() { "/split" } else { "" },
+            self.tokens_per_tile,
+            self.ctas_per_sm,
+            if self.cluster > 1 {
+                format!("/cl{}", self.cluster)
+            } else {
+                String::new()
+            },
+            if self.fold.row_base { "/rowbase" } else { "" },
+            if self.tables_in_registers() {
+                "/regfold"
+            } else {
+                ""
+            },
+            if self.narrows_tiles() { "/narrow" } else { "" },
+            if self.splits_tail() { "/split" } else { "" },
         )
     }
 
@@ -496,13 +496,25 @@ impl TilePlan {
             Mma::Bf16 => (TmaDataType::BF16, 2u64),
         };
         let k = k as u64;
-        let map = TensorMapDesc::matrix(data_type, act, [rows as u64, k], k * elem, [bn, (128 / elem) as u32])
-            .swizzle(Swizzle::B128)
-            .encode()?;
+        let map = TensorMapDesc::matrix(
+            data_type,
+            act,
+            [rows as u64, k],
+            k * elem,
+            [bn, (128 / elem) as u32],
+        )
+        .swizzle(Swizzle::B128)
+        .encode()?;
         let out_map = if epilogue_bytes(self.mma, self.ctas_per_sm, bn as usize) > 0 {
-            TensorMapDesc::matrix(TmaDataType::BF16, out, [rows as u64, n as u64], n as u64 * 2, [bn, 64])
-                .swizzle(Swizzle::B128)
-                .encode()?
+            TensorMapDesc::matrix(
+                TmaDataType::BF16,
+                out,
+                [rows as u64, n as u64],
+                n as u64 * 2,
+                [bn, 64],
+            )
+            .swizzle(Swizzle::B128)
+            .encode()?
         } else {
             map
         };
@@ -835,13 +847,9 @@ impl GemmCore {
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
         let (out_addr, _g6) = out.device_ptr_mut(stream);
-        let [map, out_map] = self.plan.tensor_maps(
-            pool.act.ptr(),
-            pool.rows,
-            weights.k,
-            out_addr,
-            weights.n,
-        )?;
+        let [map, out_map] =
+            self.plan
+                .tensor_maps(pool.act.ptr(), pool.rows, weights.k, out_addr, weights.n)?;
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
         let (tickets, _g9) = if self.plan.schedules_dynamically() {

@@ -98,7 +98,9 @@ pub enum UnfusedError {
     },
     /// The device plan of every rank refuses a forward in which one rank's routes hold an
     /// invalid expert id (that rank reports [`UnfusedError::Expert`]).
-    #[error("rank {rank} refused its routes (an expert id out of range): the forward is refused on every rank")]
+    #[error(
+        "rank {rank} refused its routes (an expert id out of range): the forward is refused on every rank"
+    )]
     PeerRoutes { rank: usize },
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },

@@ -111,7 +111,9 @@ fn fused_rank(
         world.barrier()?;
         let (fused, times) = rank.forward(&inputs[r])?;
         eprintln!(
-            "{what}: rank {r}: T = {t}, tile {tile}: fused span {:.1} us, wall {:.1} us",
+            "{what}: rank {r}: T = {t}, tile {tile}, grid {:?} on {} SMs: fused span {:.1} us, wall {:.1} us",
+            rank.pipeline().fused_grid(tile),
+            rank.gpu().info().sm_count,
             times.span.as_secs_f64() * 1e6,
             times.wall.as_secs_f64() * 1e6
         );
@@ -266,38 +268,63 @@ fn fused_equals_unfused_v4_shapes() {
     }
 }
 
+/// The fused kernel's cross-rank protocol (peer counts, dispatch and combine stores, device
+/// meetings) among R ranks on GPU 0, each on its own share of the SMs: R = 2 with a token sweep,
+/// R = 4 skewed and clamped (and V4-Flash's per-rank shape), R = 8 (one expert each) with a rank
+/// without tokens.
+fn sharing_one_gpu(ranks: usize) {
+    for (recipe, routes) in ROUTES {
+        let config = Config::tiny().with_recipe(recipe).with_ranks(ranks);
+        let what = format!("tiny {recipe}/{routes} R={ranks} on one GPU, fused");
+        match ranks {
+            2 => {
+                let p = problem(config, 128, 97, 0.25);
+                run_cases(
+                    &what,
+                    &p,
+                    routes,
+                    &[128, 7, 1, 0],
+                    Placement::one_gpu(2),
+                    true,
+                );
+            }
+            4 => {
+                let mut p = problem(config.with_clamp(Some(1.0)), 96, 98, 0.1);
+                skew(&mut p);
+                run_cases(&what, &p, routes, &[96, 7], Placement::one_gpu(4), true);
+                let flash = Config {
+                    num_experts: 16,
+                    ..Config::deepseek_v4_flash()
+                }
+                .with_recipe(recipe)
+                .with_ranks(4);
+                let p = problem(flash, 128, 100, 0.1);
+                let what = format!("v4-flash shape {recipe}/{routes} R=4 on one GPU, fused");
+                run_cases(&what, &p, routes, &[128, 1], Placement::one_gpu(4), true);
+            }
+            _ => {
+                let mut p = problem(config, 64, 99, 0.1);
+                p.inputs[5] = truncate(&p.inputs[5], &config, 0);
+                run_cases(&what, &p, routes, &[64, 1], Placement::one_gpu(ranks), true);
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn fused_ranks_sharing_one_gpu_every_route() {
-    // The fused kernel's cross-rank protocol (peer counts, dispatch and combine stores, device
-    // meetings) among R ranks on GPU 0, each on its own share of the SMs.
-    for (recipe, routes) in ROUTES {
-        let config = Config::tiny().with_recipe(recipe);
-        let p = problem(config.with_ranks(2), 128, 97, 0.25);
-        let what = format!("tiny {recipe}/{routes} R=2 on one GPU, fused");
-        run_cases(&what, &p, routes, &[128, 7, 1, 0], Placement::one_gpu(2), true);
-        let mut p = problem(config.with_ranks(4).with_clamp(Some(1.0)), 96, 98, 0.1);
-        skew(&mut p);
-        let what = format!("tiny skewed {recipe}/{routes} R=4 on one GPU, fused");
-        run_cases(&what, &p, routes, &[96, 7], Placement::one_gpu(4), true);
-        let mut p = problem(config.with_ranks(8), 64, 99, 0.1);
-        p.inputs[5] = truncate(&p.inputs[5], &config, 0);
-        let what = format!("tiny rank 5 empty {recipe}/{routes} R=8 on one GPU, fused");
-        run_cases(&what, &p, routes, &[64, 1], Placement::one_gpu(8), true);
-    }
-    for (recipe, routes) in ROUTES {
-        let p = problem(
-            Config {
-                num_experts: 16,
-                ..Config::deepseek_v4_flash()
-            }
-            .with_recipe(recipe)
-            .with_ranks(4),
-            128,
-            100,
-            0.1,
-        );
-        let what = format!("v4-flash shape {recipe}/{routes} R=4 on one GPU, fused");
-        run_cases(&what, &p, routes, &[128, 1], Placement::one_gpu(4), true);
-    }
+fn fused_two_ranks_sharing_one_gpu() {
+    sharing_one_gpu(2);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_four_ranks_sharing_one_gpu() {
+    sharing_one_gpu(4);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_eight_ranks_sharing_one_gpu() {
+    sharing_one_gpu(8);
 }
