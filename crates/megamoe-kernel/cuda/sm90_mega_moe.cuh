@@ -58,9 +58,22 @@ struct MegaParams {
   RankBarrierParams ranks;        // the cross-rank meetings (signals, error word, timeout)
   GemmParams l1, l2;              // expert tables: this rank's plan tables, written in stage 2
   u64* grid_word;                 // the grid barrier's word (0 when first used, never reset)
+  // Optional (null: off): [kStamps] %globaltimer ns at the start and after each stage's barrier,
+  // by CTA 0 (each barrier ends a stage for the whole grid): the forward's stage times.
+  u64* stage_clock;
   int num_ranks, tokens;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 16, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 24, "MegaParams layout");
+
+// Stamps of stage_clock: start, counts met, plan, dispatch met, L1, SwiGLU, L2, combine met, end.
+constexpr int kStamps = 9;
+// The thread and CTA are read afresh (volatile): held in registers from the kernel's start, they
+// would be live across the GEMM roles.
+__device__ __forceinline__ void stamp(const MegaParams& p, int i) {
+  u32 cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  if (p.stage_clock && (cta | sm90::fresh_tid_x()) == 0) p.stage_clock[i] = barriers::ptx::globaltimer();
+}
 
 // Writes this thread made with ordinary stores are seen by the TMA (async proxy) loads that follow
 // a barrier, and the TMA's stores by ordinary loads after one.
@@ -107,6 +120,7 @@ __device__ __forceinline__ void gemm_layer(const MegaParams& p, const GemmParams
   publish_to_tma();
   barriers::grid_barrier(p.grid_word);
 }
+
 
 // Rows of this rank's pool plan (the last expert's end), read once the plan is published.
 __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
@@ -169,32 +183,41 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   extern __shared__ __align__(1024) u8 smem_raw[];
 
   // 1. count, and the ranks meet: every rank's counts are in every rank's table.
+  stamp(p, 0);
   if (blockIdx.x == 0) count_routes(p.count, reinterpret_cast<u32*>(sm90::align_smem(smem_raw)), threadIdx.x, kThreads);
   if (!meet_ranks(p)) return;
+  stamp(p, 1);
 
   // 2. plan, by CTA 0 for the grid; a refusal (this rank's ids, any owner's capacity, another
   // rank's ids) is the same in every CTA and, but for the ids' own rank, on every rank: the
   // stages are skipped, the meetings kept.
   if (blockIdx.x == 0) plan_pools(p.plan, threadIdx.x, kThreads);
   barriers::grid_barrier(p.grid_word);
+  stamp(p, 2);
 
   // 3. route and 4. dispatch; the ranks meet: every pool holds its rows.
   if (planned(p)) route_and_dispatch<G, L1::kFp8Route>(p);
   if (!meet_ranks(p)) return;
+  stamp(p, 3);
 
   // 5. L1, 6. SwiGLU, 7. L2, 8a. combine send.
   if (planned(p)) {
     publish_to_tma();
     gemm_layer<L1>(p, p.l1, l1_act_map, l1_out_map);
+    stamp(p, 4);
     swiglu<G, L2::kFp8Route>(p);
     barriers::grid_barrier(p.grid_word);
+    stamp(p, 5);
     publish_to_tma();
     gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map);
+    stamp(p, 6);
     if (p.num_ranks > 1) combine_send(p);
   }
   // The ranks meet: every combine buffer holds its rows. 8b. the top-k sums.
   if (!meet_ranks(p)) return;
+  stamp(p, 7);
   if (planned(p)) combine_reduce(p);
+  stamp(p, 8);
 }
 
 }  // namespace mega

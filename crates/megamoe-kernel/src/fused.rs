@@ -47,11 +47,29 @@ struct MegaParams {
     l1: GemmParams,
     l2: GemmParams,
     grid_word: u64,
+    stage_clock: u64,
     num_ranks: i32,
     tokens: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 696);
+const _: () = assert!(size_of::<MegaParams>() == 704);
+
+/// Stamps of a fused forward's stage clock (`mm::mega::kStamps`): the start, and the end of each
+/// stage for the whole grid ([`FusedStageTimes`]).
+const STAMPS: usize = 9;
+
+/// A fused forward's stages, from the kernel's own clock (`%globaltimer` at the grid barrier after
+/// each stage, ns): count and plan, route and dispatch (each with its meeting of the ranks), L1,
+/// SwiGLU, L2, combine (send, meeting, reduce).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FusedStageTimes {
+    pub plan_ns: u64,
+    pub dispatch_ns: u64,
+    pub l1_ns: u64,
+    pub swiglu_ns: u64,
+    pub l2_ns: u64,
+    pub combine_ns: u64,
+}
 
 /// The two layers' GEMM plans of a fused forward with `tokens_per_tile` tokens per tile, for
 /// weights folded as `folds` (w1, w2).
@@ -137,6 +155,8 @@ pub struct FusedCore {
     error: CudaSlice<u64>,
     /// The grid barrier's word.
     grid_word: CudaSlice<u64>,
+    /// The stage clock's stamps of the last forward that asked for them.
+    stage_clock: CudaSlice<u64>,
 }
 
 impl FusedCore {
@@ -182,12 +202,27 @@ impl FusedCore {
             tickets: gpu.alloc_zeros(2)?,
             error: gpu.alloc_zeros(1)?,
             grid_word: gpu.alloc_zeros(1)?,
+            stage_clock: gpu.alloc_zeros(STAMPS)?,
         })
     }
 
     /// CTAs of every launch.
     pub fn grid(&self) -> u32 {
         self.grid
+    }
+
+    /// After the stream is synchronized: the stages of the last forward queued with its clock on.
+    pub fn stage_times(&self, gpu: &Gpu) -> Result<FusedStageTimes, UnfusedError> {
+        let t = gpu.download(&self.stage_clock)?;
+        let d = |a: usize, b: usize| t[b].saturating_sub(t[a]);
+        Ok(FusedStageTimes {
+            plan_ns: d(0, 2),
+            dispatch_ns: d(2, 3),
+            l1_ns: d(3, 4),
+            swiglu_ns: d(4, 5),
+            l2_ns: d(5, 6),
+            combine_ns: d(6, 8),
+        })
     }
 
     /// After the stream is synchronized: whether a GEMM layer's in-kernel wait gave up.
@@ -231,6 +266,14 @@ impl Pipeline {
         Ok(())
     }
 
+    /// After the stream is synchronized: the stages of the last fused forward, when it ran with its
+    /// stage clock on.
+    pub fn fused_stage_times(&self, gpu: &Gpu) -> Result<Option<FusedStageTimes>, UnfusedError> {
+        self.launched_fused
+            .map(|key| self.fused[&key].stage_times(gpu))
+            .transpose()
+    }
+
     /// The CTAs of the fused kernel for `tokens_per_tile`, once compiled.
     pub fn fused_grid(&self, tokens_per_tile: usize) -> Option<u32> {
         self.fused.get(&tokens_per_tile).map(FusedCore::grid)
@@ -248,7 +291,8 @@ impl Pipeline {
 
     /// Collective, queued on the stream: the whole forward of the inputs [`Pipeline::set_inputs`]
     /// uploaded, as one launch with GEMM tiles of `tokens_per_tile` tokens, every rank's launch
-    /// meeting the others' on the device. `y` ([`Pipeline::download_y`]) once the stream is done;
+    /// meeting the others' on the device; `stage_clock`: the kernel stamps the end of each stage
+    /// ([`Pipeline::fused_stage_times`]; off, it costs nothing). `y` ([`Pipeline::download_y`]) once the stream is done;
     /// [`Pipeline::check_errors`] then says whether the device refused the routes or the plan
     /// (every rank refuses alike) or a rank did not arrive.
     pub fn forward_fused(
@@ -256,6 +300,7 @@ impl Pipeline {
         gpu: &Gpu,
         jit: &Jit,
         tokens_per_tile: usize,
+        stage_clock: bool,
     ) -> Result<(), UnfusedError> {
         let tokens = self.tokens.expect("set_inputs before forward_fused");
         self.prepare_fused(gpu, jit, tokens_per_tile)?;
@@ -410,6 +455,11 @@ impl Pipeline {
             l1: layer(p1, &self.w1, own.l1_sf, l1_out),
             l2: layer(p2, &self.w2, l2_sf, l2_out),
             grid_word: core.grid_word.device_ptr_mut(stream).0,
+            stage_clock: if stage_clock {
+                core.stage_clock.device_ptr_mut(stream).0
+            } else {
+                0
+            },
             num_ranks: s.num_ranks as i32,
             tokens: tokens as i32,
         };

@@ -511,15 +511,26 @@ impl<'w> CudaRank<'w> {
         let stream = gpu.stream().clone();
         self.marks.clear();
         let start = self.marks.mark(&stream)?;
-        self.pipe.forward_fused(gpu, &self.jit, tile)?;
+        self.pipe
+            .forward_fused(gpu, &self.jit, tile, self.stage_marks)?;
         let end = self.marks.mark(&stream)?;
         times.queue = lap(&mut clock);
         self.pipe.stage_sync(gpu)?;
         times.wall = times.route + times.queue + lap(&mut clock);
         self.pipe.check_errors(gpu)?;
         times.span = Duration::from_secs_f64(f64::from(self.marks.between_ms(start, end)?) * 1e-3);
-        // One launch has no stage boundaries the host can mark: the stages stay zero.
         times.stage_marks = self.stage_marks;
+        // One launch has no stage boundaries the host can mark: the kernel's own clock times them
+        // (the meetings of the ranks inside the stages they end).
+        if self.stage_marks
+            && let Some(t) = self.pipe.fused_stage_times(gpu)?
+        {
+            times.dispatch = Duration::from_nanos(t.plan_ns + t.dispatch_ns);
+            times.l1 = Duration::from_nanos(t.l1_ns);
+            times.swiglu = Duration::from_nanos(t.swiglu_ns);
+            times.l2 = Duration::from_nanos(t.l2_ns);
+            times.combine = Duration::from_nanos(t.combine_ns);
+        }
         Ok(times)
     }
 
