@@ -80,31 +80,44 @@ __device__ __forceinline__ void stamp(const MegaParams& p, int i) {
 __device__ __forceinline__ void publish_to_tma() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // Every CTA: after a stage whose writes other ranks read (and before one that reads theirs). One
-// rank: a grid barrier. Returns false, in every thread of every CTA, when a rank did not arrive.
+// rank: a grid barrier (nothing leaves the GPU before the kernel ends). Returns false, in every
+// thread of every CTA, when a rank did not arrive.
 __device__ __forceinline__ bool meet_ranks(const MegaParams& p) {
   if (p.num_ranks == 1) {
-    barriers::grid_barrier<barriers::Scope::Sys>(p.grid_word);
+    barriers::grid_barrier(p.grid_word);
     return true;
   }
   return barriers::grid_rank_barrier(p.grid_word, p.ranks.view, p.ranks.signals, p.ranks.error_word,
                                      p.ranks.timeout_ns);
 }
 
-// `items` work items over the grid, each split in parts along its channels when there are fewer
-// items than CTAs (as the unfused launches split them over gridDim.y), at most `max_parts` so that
-// every thread keeps work: f(item, thread, threads) with this thread's place among the item's.
+// `items` work items over the grid's warps, each a worker of its own (a CTA per item would leave
+// most of its threads a unit or two of a row, one load in flight each), an item split in parts
+// along its channels when there are fewer items than warps (as the unfused launches split them
+// over gridDim.y), at most `max_parts` so that every lane keeps work: f(item, thread, threads)
+// with this lane's place among the item's.
+constexpr int kWarps = kThreads / 32;
 template <class F>
-__device__ __forceinline__ void over_grid(int items, int max_parts, F f) {
+__device__ __forceinline__ void over_warps(int items, int max_parts, F f) {
   if (items <= 0) return;
-  const int parts = max(1, min(max_parts, (int)gridDim.x / items));
-  for (int w = blockIdx.x; w < items * parts; w += gridDim.x) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int workers = gridDim.x * kWarps;
+  const int parts = max(1, min(max_parts, workers / items));
+  for (int w = blockIdx.x * kWarps + warp; w < items * parts; w += workers) {
     const int part = w % parts;
-    f(w / parts, part * kThreads + (int)threadIdx.x, parts * kThreads);
+    f(w / parts, part * 32 + lane, parts * 32);
   }
 }
 
-// Parts an item of `units` channel units may be split in with every thread keeping one.
-__device__ __forceinline__ int max_parts(int units) { return max(1, units / kThreads); }
+// Parts an item of `units` channel units may be split in with every lane keeping kUnroll.
+template <int kUnroll>
+__device__ __forceinline__ int max_parts(int units) { return max(1, units / (32 * kUnroll)); }
+
+// Units each lane of the glue stages loads before it stores (sm90_unfused.cuh's kUnroll): with a
+// CTA of 384 threads per SM, as many loads in flight as the unfused launches' 16 CTAs of 128; two
+// CTAs per SM (80 registers a thread at the glue stages, small T) take half.
+template <int kCtasPerSm>
+constexpr int kGlueUnroll = kCtasPerSm == 1 ? 4 : 2;
 
 // The grouped GEMM of one layer: set up, its roles over this rank's pool, back to one thread group
 // with every barrier of its ring invalidated, its output published to the grid.
@@ -128,43 +141,43 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
   return layer.expert_offset[last] + layer.expert_rows[last];
 }
 
-// The glue stages, each a function of its own: ptxas allocates their registers apart from the GEMM
-// roles', so nothing of theirs is live across a role's main loop.
+// The glue stages. (Calls of their own, noinline, spill under the call convention's registers.)
 
 // 3. route: a CTA per expert; 4. dispatch: pairs over the grid.
-template <int G, bool kL1Fp8Pool>
-__device__ __noinline__ void route_and_dispatch(const MegaParams& p) {
+template <int G, bool kL1Fp8Pool, int kUnroll>
+__device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(p.route, e);
   barriers::grid_barrier(p.grid_word);
-  over_grid(p.tokens * p.count.top_k, max_parts(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
-    dispatch_pair<G, kL1Fp8Pool>(p.dispatch, pair, t, threads);
+  over_warps(p.tokens * p.count.top_k, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
+    dispatch_pair<G, kL1Fp8Pool, kUnroll>(p.dispatch, pair, t, threads);
   });
   publish_to_tma();
 }
 
 // 6. SwiGLU: pool rows over the grid, into the L2 pool.
-template <int G, bool kL2Fp8Pool>
-__device__ __noinline__ void swiglu(const MegaParams& p) {
+template <int G, bool kL2Fp8Pool, int kUnroll>
+__device__ __forceinline__ void swiglu(const MegaParams& p) {
   SwigluParams swiglu = p.swiglu;
   swiglu.rows = pool_rows(p.l1);
-  over_grid(swiglu.rows, max_parts(swiglu.inter / 4), [&](int row, int t, int threads) {
-    swiglu_row<G, kL2Fp8Pool>(swiglu, row, t, threads);
+  over_warps(swiglu.rows, max_parts<kUnroll>(swiglu.inter / 4), [&](int row, int t, int threads) {
+    swiglu_row<G, kL2Fp8Pool, kUnroll>(swiglu, row, t, threads);
   });
   publish_to_tma();
 }
 
 // 8a. combine send: pool rows of other ranks' tokens into their combine buffers.
-__device__ __noinline__ void combine_send(const MegaParams& p) {
+template <int kUnroll>
+__device__ __forceinline__ void combine_send(const MegaParams& p) {
   CombineSendParams send = p.combine_send;
   send.rows = pool_rows(p.l1);
-  over_grid(send.rows, max_parts(send.hidden / 8), [&](int row, int t, int threads) {
-    combine_send_row(send, row, t, threads);
+  over_warps(send.rows, max_parts<kUnroll>(send.hidden / 8), [&](int row, int t, int threads) {
+    combine_send_row<kUnroll>(send, row, t, threads);
   });
 }
 
 // 8b. combine reduce: tokens over the grid, the top-k sums into y.
-__device__ __noinline__ void combine_reduce(const MegaParams& p) {
-  over_grid(p.tokens, max_parts(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
+__device__ __forceinline__ void combine_reduce(const MegaParams& p) {
+  over_warps(p.tokens, max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
     combine_reduce_token(p.combine_reduce, token, t, threads);
   });
 }
@@ -196,7 +209,8 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   stamp(p, 2);
 
   // 3. route and 4. dispatch; the ranks meet: every pool holds its rows.
-  if (planned(p)) route_and_dispatch<G, L1::kFp8Route>(p);
+  constexpr int kUnroll = kGlueUnroll<L1::kCtasPerSm>;
+  if (planned(p)) route_and_dispatch<G, L1::kFp8Route, kUnroll>(p);
   if (!meet_ranks(p)) return;
   stamp(p, 3);
 
@@ -205,13 +219,13 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
     publish_to_tma();
     gemm_layer<L1>(p, p.l1, l1_act_map, l1_out_map);
     stamp(p, 4);
-    swiglu<G, L2::kFp8Route>(p);
+    swiglu<G, L2::kFp8Route, kUnroll>(p);
     barriers::grid_barrier(p.grid_word);
     stamp(p, 5);
     publish_to_tma();
     gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map);
     stamp(p, 6);
-    if (p.num_ranks > 1) combine_send(p);
+    if (p.num_ranks > 1) combine_send<kUnroll>(p);
   }
   // The ranks meet: every combine buffer holds its rows. 8b. the top-k sums.
   if (!meet_ranks(p)) return;

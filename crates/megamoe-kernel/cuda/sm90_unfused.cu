@@ -60,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_combine_send(const __grid_constant__ mm::unfused::CombineSendParams p) {
   UF_CHAINED();
-  mm::unfused::combine_send_row(p, blockIdx.x, channel_thread(), channel_threads());
+  mm::unfused::combine_send_row<1>(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)

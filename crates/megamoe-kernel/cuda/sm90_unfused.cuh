@@ -272,21 +272,38 @@ constexpr bool kPoolFitsGroup = !kFp8Pool || G == 128;
 // with each word's own scale (G is 32 or 128): per 16 pool-order channels four canonical 4-byte
 // words, one of each scale block of the 128-channel block, and two 16-byte stores. Thread `thread`
 // of `threads` takes 16 channels at a time.
-template <int G>
+// kUnroll: units a thread loads before it stores any (memory parallelism for callers with few
+// threads per SM, the fused kernel); 1 in the unfused launches.
+template <int G, int kUnroll = 1>
 __device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* dst, int h, int thread, int threads) {
-  for (int c = thread * 16; c < h; c += threads * 16) {
-    const int block = c & ~127;
-    u32 lo[4], hi[4];
+  for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
+    u32 q[kUnroll][4];
+    u8 e[kUnroll][4];
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const int from = block + pool_order::unit_source_byte((c & 127) / 16, b);
-      const u32 q = *reinterpret_cast<const u32*>(src + from);
-      const float scale = fp::ue8m0_decode(src_sf[from / G]);
-      lo[b] = widen2(q, scale);
-      hi[b] = widen2(q >> 16, scale);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * threads * 16;
+      if (c >= h) break;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int from = (c & ~127) + pool_order::unit_source_byte((c & 127) / 16, b);
+        q[u][b] = *reinterpret_cast<const u32*>(src + from);
+        e[u][b] = src_sf[from / G];
+      }
     }
-    *reinterpret_cast<uint4*>(dst + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * threads * 16;
+      if (c >= h) break;
+      u32 lo[4], hi[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const float scale = fp::ue8m0_decode(e[u][b]);
+        lo[b] = widen2(q[u][b], scale);
+        hi[b] = widen2(q[u][b] >> 16, scale);
+      }
+      *reinterpret_cast<uint4*>(dst + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
   }
 }
 
@@ -364,8 +381,8 @@ __device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
 }
 
 // uf_dispatch: pair `pair` of this rank's T x k (token-major); its channels over `threads` threads
-// (this one is `thread`), its RowMeta from thread 0.
-template <int G, bool kFp8Pool>
+// (this one is `thread`), its RowMeta from thread 0; kUnroll as widen_row's.
+template <int G, bool kFp8Pool, int kUnroll = 1>
 __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair, int thread, int threads) {
   static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
   const int row = p.route[pair];
@@ -379,13 +396,23 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
   // scale block of the 128-channel block (four 4-byte loads, 16-byte stores to the owner).
   if constexpr (kFp8Pool) {
     u8* dst = reinterpret_cast<u8*>(p.peers->l1_act[owner]) + (size_t)row * h;
-    for (int c = thread * 16; c < h; c += threads * 16) {
-      const u8* block = src + (c & ~127);
-      u32 w[4];
+    for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
+      u32 w[kUnroll][4];
 #pragma unroll
-      for (int b = 0; b < 4; ++b)
-        w[b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
-      *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[0], w[1], w[2], w[3]);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * threads * 16;
+        if (c >= h) break;
+        const u8* block = src + (c & ~127);
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          w[u][b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * threads * 16;
+        if (c >= h) break;
+        *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[u][0], w[u][1], w[u][2], w[u][3]);
+      }
     }
     // The scales: into the table ([kb][row]), or staged side by side ([row][kb]).
     const bool in_table = !p.staged || owner == p.rank;
@@ -394,7 +421,8 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
     const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
     for (int kb = thread; kb < h / 128; kb += threads) sf[kb * kb_stride] = src_sf[kb];
   } else if (!p.staged || owner == p.rank) {
-    widen_row<G>(src, src_sf, reinterpret_cast<u16*>(p.peers->l1_act[owner]) + (size_t)row * h, h, thread, threads);
+    widen_row<G, kUnroll>(src, src_sf, reinterpret_cast<u16*>(p.peers->l1_act[owner]) + (size_t)row * h, h, thread,
+                          threads);
   } else {
     u8* dst = reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
     for (int c = thread * 16; c < h; c += threads * 16)
@@ -454,8 +482,8 @@ __device__ __forceinline__ void silu_entry(float* table, int i) { table[i] = sil
 // make one group of G channels: h in f32 as the host computes it (silu_exact from the table,
 // products in the contract's order, no FMA contraction), then the re-quantizer of fp_formats.cuh's
 // requantize_group<G> with the amax reduced over the group's lanes (fmaxf is exact and order free,
-// so the bits are the same). kFp8Pool: the L2 pool's format.
-template <int G, bool kFp8Pool>
+// so the bits are the same). kFp8Pool: the L2 pool's format; kUnroll as widen_row's.
+template <int G, bool kFp8Pool, int kUnroll = 1>
 __device__ __forceinline__ void swiglu_row(const SwigluParams& p, int row, int thread, int threads) {
   static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
   constexpr int kPer = 4;                  // channels per lane
@@ -466,63 +494,83 @@ __device__ __forceinline__ void swiglu_row(const SwigluParams& p, int row, int t
   const u16* gate = p.l1_out + (size_t)row * 2 * inter;
   const u16* up = gate + inter;
   // I is a multiple of 128, so every warp's 128 channels are all in range or all out.
-  for (int c0 = thread * kPer; c0 < inter; c0 += threads * kPer) {
-    const uint2 gv = *reinterpret_cast<const uint2*>(gate + c0);
-    const uint2 uv = *reinterpret_cast<const uint2*>(up + c0);
-    const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
-    float h[kPer];
-    float amax = 0.0f;
+  for (int c00 = thread * kPer; c00 < inter; c00 += threads * kPer * kUnroll) {
+    uint2 gvs[kUnroll], uvs[kUnroll];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      float g = bf16_to_f32((u16)(gw[i / 2] >> (16 * (i & 1)))), u = bf16_to_f32((u16)(uw[i / 2] >> (16 * (i & 1))));
-      if (p.has_clamp) {
-        g = fminf(g, p.clamp);
-        u = fminf(fmaxf(u, -p.clamp), p.clamp);
-      }
-      // A clamp that is no BF16 value leaves g off the table: compute it.
-      const u32 gb = __float_as_uint(g);
-      const float silu = (gb & 0xffffu) == 0 ? p.silu[gb >> 16] : silu_exact(g);
-      h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
-      amax = fmaxf(amax, fabsf(h[i]));
+    for (int v = 0; v < kUnroll; ++v) {
+      const int c0 = c00 + v * threads * kPer;
+      if (c0 >= inter) break;
+      gvs[v] = *reinterpret_cast<const uint2*>(gate + c0);
+      uvs[v] = *reinterpret_cast<const uint2*>(up + c0);
     }
 #pragma unroll
-    for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
-    const float inv = fp::pow2(127 - (int)biased);
-    if constexpr (kFp8Pool) {
-      u32 word = 0;
+    for (int v = 0; v < kUnroll; ++v) {
+      const int c0 = c00 + v * threads * kPer;
+      if (c0 >= inter) break;
+      const uint2 gv = gvs[v], uv = uvs[v];
+      const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
+      float h[kPer];
+      float amax = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
-      const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
-      *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
-      if (thread % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / G) * p.sf_stride + row] = (u8)biased;
-    } else {
-      const float scale = fp::pow2((int)biased - 127);
-      u32 out[2];
+      for (int i = 0; i < kPer; ++i) {
+        float g = bf16_to_f32((u16)(gw[i / 2] >> (16 * (i & 1)))), u = bf16_to_f32((u16)(uw[i / 2] >> (16 * (i & 1))));
+        if (p.has_clamp) {
+          g = fminf(g, p.clamp);
+          u = fminf(fmaxf(u, -p.clamp), p.clamp);
+        }
+        // A clamp that is no BF16 value leaves g off the table: compute it.
+        const u32 gb = __float_as_uint(g);
+        const float silu = (gb & 0xffffu) == 0 ? p.silu[gb >> 16] : silu_exact(g);
+        h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
+        amax = fmaxf(amax, fabsf(h[i]));
+      }
 #pragma unroll
-      for (int i = 0; i < kPer; i += 2)
-        out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
-      u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
+      for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
+      const float inv = fp::pow2(127 - (int)biased);
+      if constexpr (kFp8Pool) {
+        u32 word = 0;
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
+        for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
+        const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
+        *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
+        if (thread % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / G) * p.sf_stride + row] = (u8)biased;
+      } else {
+        const float scale = fp::pow2((int)biased - 127);
+        u32 out[2];
+#pragma unroll
+        for (int i = 0; i < kPer; i += 2)
+          out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
+        u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
+      }
     }
   }
 }
 
 // uf_combine_send: pool row `row` (< rows), if it holds another rank's token; its channels over
-// `threads` threads (this one is `thread`), 8 at a time.
+// `threads` threads (this one is `thread`), 8 at a time; kUnroll as widen_row's.
+template <int kUnroll = 1>
 __device__ __forceinline__ void combine_send_row(const CombineSendParams& p, int row, int thread, int threads) {
   const RowMeta m = p.meta[row];
   if (m.token < 0 || m.rank == p.rank) return;
   const u16* src = p.l2_out + (size_t)row * p.hidden;
   u16* dst = reinterpret_cast<u16*>(p.peers->combine[m.rank]) + ((size_t)m.slot * p.max_tokens + m.token) * p.hidden;
-  for (int c = thread * 8; c < p.hidden; c += threads * 8)
-    *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+  for (int c0 = thread * 8; c0 < p.hidden; c0 += threads * 8 * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * threads * 8 < p.hidden) v[u] = *reinterpret_cast<const uint4*>(src + c0 + u * threads * 8);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * threads * 8 < p.hidden) *reinterpret_cast<uint4*>(dst + c0 + u * threads * 8) = v[u];
+  }
 }
 
 // uf_combine_reduce: token t (< tokens); its channels over `threads` threads (this one is
-// `thread`), 8 at a time.
+// `thread`), 8 at a time. (Each chunk already loads its k slots at once.)
 __device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& p, int t, int thread, int threads) {
   for (int c = thread * 8; c < p.hidden; c += threads * 8) {
     float acc[8];

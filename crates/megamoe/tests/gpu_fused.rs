@@ -111,11 +111,12 @@ fn fused_rank(
         world.barrier()?;
         let (fused, times) = rank.forward(&inputs[r])?;
         eprintln!(
-            "{what}: rank {r}: T = {t}, tile {tile}, grid {:?} on {} SMs: fused span {:.1} us, wall {:.1} us",
+            "{what}: rank {r}: T = {t}, tile {tile}, grid {:?} on {} SMs: fused span {:.1} us, wall {:.1} us, stages {:?}",
             rank.pipeline().fused_grid(tile),
             rank.gpu().info().sm_count,
             times.span.as_secs_f64() * 1e6,
-            times.wall.as_secs_f64() * 1e6
+            times.wall.as_secs_f64() * 1e6,
+            rank.pipeline().fused_stage_times(rank.gpu())?
         );
         let nan = fused.iter().filter(|v| v.is_nan()).count();
         assert_eq!(
