@@ -35,7 +35,6 @@ constexpr u64 kErrorWaitMax = (1ull << 20) - 1;
 constexpr u64 kErrorKindLocalTimeout = 2;
 constexpr u32 kErrorLocalWaitShift = 52;
 constexpr u32 kLocalWaitSplitTail = 1;  // the grouped GEMM's split-tail hand-over (megamoe-kernel)
-constexpr u32 kLocalWaitTileArrival = 2;  // the fused kernel's wait for an L1 token block's tiles
 
 __device__ __forceinline__ u64 error_wait_field(u64 waited_ns) {
     const u64 wait = waited_ns >> kErrorWaitUnitLog2;

@@ -13,10 +13,9 @@
 //   4. dispatch  pairs over the grid: each token's row into its owner's L1 pool (peer stores);
 //                the ranks meet;
 //   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
-//                consumer warpgroups), BF16 l1_out, each tile counted per token block once stored;
-//   6. SwiGLU    meanwhile, on the producer warpgroup's free warps: each token block once its
-//                tiles are counted, SwiGLU + clamp + top-k weight + re-quantization into the L2
-//                pool; grid barrier;
+//                consumer warpgroups), BF16 l1_out; grid barrier;
+//   6. SwiGLU    pool rows over the grid: SwiGLU + clamp + top-k weight + re-quantization into the
+//                L2 pool; grid barrier;
 //   7. L2        the grouped GEMM's roles over the L2 pool, BF16 l2_out; grid barrier;
 //   8. combine   pool rows of other ranks' tokens into their combine buffers (peer stores); the
 //                ranks meet; tokens over the grid: the top-k sum into y.
@@ -64,7 +63,7 @@ struct MegaParams {
   u64* stage_clock;
   int num_ranks, tokens;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 120 + 24, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 24, "MegaParams layout");
 
 // Stamps of stage_clock: start, counts met, plan, dispatch met, L1, SwiGLU, L2, combine met, end.
 constexpr int kStamps = 9;
@@ -120,17 +119,16 @@ __device__ __forceinline__ int max_parts(int units) { return max(1, units / (32 
 template <int kCtasPerSm>
 constexpr int kGlueUnroll = kCtasPerSm == 1 ? 4 : 2;
 
-// The grouped GEMM of one layer: set up, its roles over this rank's pool (the producer warpgroup's
-// free warps running `side`), back to one thread group with every barrier of its ring invalidated,
-// its output published to the grid. The shared memory's aligned base is found afresh: nothing is
-// held across the other layer's roles.
-template <class Layer, class Epilogue, class Side>
+// The grouped GEMM of one layer: set up, its roles over this rank's pool, back to one thread group
+// with every barrier of its ring invalidated, its output published to the grid.
+// The shared memory's aligned base is found afresh: nothing is held across the other layer's roles.
+template <class Layer>
 __device__ __forceinline__ void gemm_layer(const MegaParams& p, const GemmParams& layer, const void* act_map,
-                                           const void* out_map, const Side& side) {
+                                           const void* out_map) {
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = sm90::align_smem(smem_raw);
   Layer::setup(smem);
-  Layer::template roles<Epilogue>(layer, act_map, out_map, smem, side);
+  Layer::template roles<gemm::Bf16Out>(layer, act_map, out_map, smem);
   Layer::rejoin(smem);
   publish_to_tma();
   barriers::grid_barrier(p.grid_word);
@@ -156,72 +154,16 @@ __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   publish_to_tma();
 }
 
-// The L1 epilogue: the GEMM's BF16 store, then this warpgroup's part of the tile counted at
-// tile_done[first pool row / 16] once it is in l1_out (the TMA's box complete, every thread's
-// stores fenced). A token block's SwiGLU waits for 2 x n_out / 128 counts: both warpgroups of every
-// weight tile (a cluster's ghost tile and a split tile's later parts store nothing, count nothing).
-struct CountedBf16Out {
-  template <class C>
-  __device__ __forceinline__ static void tile(C& c, const GemmParams& p, const void* out_map, const gemm::UnitDesc& d) {
-    gemm::Bf16Out::tile(c, p, out_map, d);
-    const int tid = (int)sm90::fresh_tid_x() - 128;
-    sm90::bulk_wait<0>();  // the leader's box; no bulk groups elsewhere
-    publish_to_tma();
-    __threadfence();
-    C::wg_bar_sync(tid / 128);
-    if (tid % 128 == 0) atomicAdd(p.tile_done + d.row0 / 16, 1u);
-  }
-  template <class C>
-  __device__ __forceinline__ static void finish(C& c) {
-    gemm::Bf16Out::finish(c);
-  }
-};
-
-// Waits (every lane) until *counter reaches target; false when it gives up after
-// gemm::kSplitTailTimeoutNs (recorded in `error`, kLocalWaitTileArrival with `detail`) or another
-// wait of the launch already did.
-__device__ __forceinline__ bool wait_count(const u32* counter, u32 target, u64* error, u32 detail) {
-  const u64 start = barriers::ptx::globaltimer();
-  for (u32 spins = 1; sm90::ld_acquire_gpu(counter) < target; ++spins) {
-    if (spins % 64 != 0) continue;
-    if (barriers::ptx::ld_relaxed_gpu(error) != 0) return false;
-    const u64 waited = barriers::ptx::globaltimer() - start;
-    if (waited > gemm::kSplitTailTimeoutNs) {
-      barriers::ptx::atom_cas_relaxed_gpu(
-          error, 0, barriers::encode_local_timeout(barriers::kLocalWaitTileArrival, detail, waited));
-      return false;
-    }
-  }
-  return true;
+// 6. SwiGLU: pool rows over the grid, into the L2 pool.
+template <int G, bool kL2Fp8Pool, int kUnroll>
+__device__ __forceinline__ void swiglu(const MegaParams& p) {
+  SwigluParams swiglu = p.swiglu;
+  swiglu.rows = pool_rows(p.l1);
+  over_warps(swiglu.rows, max_parts<kUnroll>(swiglu.inter / 4), [&](int row, int t, int threads) {
+    swiglu_row<G, kL2Fp8Pool, kUnroll>(swiglu, row, t, threads);
+  });
+  publish_to_tma();
 }
-
-// 6. SwiGLU along L1, on the L1 producer warpgroup's free warps (Gemm::roles' side work): every
-// token block (expert, BN rows) of the L1 schedule in its order, the blocks strided over the CTAs,
-// each once all its tiles are stored; its rows over the CTA's free warps, into the L2 pool. The
-// block's count goes back to 0 for the next forward.
-template <int G, bool kL2Fp8Pool, int BN, int kFreeWarps>
-struct SwigluAlongL1 {
-  const MegaParams& p;
-  __device__ __forceinline__ void operator()(int warp, int lane) const {
-    const GemmParams& l1 = p.l1;
-    // This CTA's blocks: every gridDim.x-th of the launch's, counted down to the next one.
-    int skip = blockIdx.x;
-    for (int e = 0; e < l1.num_experts; ++e) {
-      const int rows_e = l1.expert_rows[e], first = l1.expert_offset[e];
-      for (int m = 0; m * BN < rows_e; ++m) {
-        if (skip-- != 0) continue;
-        skip = gridDim.x - 1;
-        const int row0 = first + m * BN, rows = min(BN, rows_e - m * BN);
-        u32* count = l1.tile_done + row0 / 16;
-        if (!wait_count(count, 2 * (l1.n_out / gemm::kTileRows), l1.error, (u32)(row0 / 16))) return;
-        for (int r = warp; r < rows; r += kFreeWarps) swiglu_row<G, kL2Fp8Pool>(p.swiglu, row0 + r, lane, 32);
-        sm90::named_bar_sync<3, 32 * kFreeWarps>();  // every free warp is past the wait
-        if (warp == 0 && lane == 0) *count = 0;
-      }
-    }
-    publish_to_tma();
-  }
-};
 
 // 8a. combine send: pool rows of other ranks' tokens into their combine buffers.
 template <int kUnroll>
@@ -233,12 +175,10 @@ __device__ __forceinline__ void combine_send(const MegaParams& p) {
   });
 }
 
-// 8b. combine reduce: tokens over the grid, the top-k sums into y. (Batched chunks, kUnroll > 1,
-// made ptxas spill 4-88 B in one kernel or another: perf.md v74.)
-template <int kUnroll>
+// 8b. combine reduce: tokens over the grid, the top-k sums into y.
 __device__ __forceinline__ void combine_reduce(const MegaParams& p) {
-  over_warps(p.tokens, max_parts<kUnroll>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
-    combine_reduce_token<kUnroll>(p.combine_reduce, token, t, threads);
+  over_warps(p.tokens, max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
+    combine_reduce_token(p.combine_reduce, token, t, threads);
   });
 }
 
@@ -277,20 +217,20 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   // 5. L1, 6. SwiGLU, 7. L2, 8a. combine send.
   if (planned(p)) {
     publish_to_tma();
-    // SwiGLU runs inside L1's stage (its stamp follows L1's at once).
-    gemm_layer<L1, CountedBf16Out>(p, p.l1, l1_act_map, l1_out_map,
-                                   SwigluAlongL1<G, L2::kFp8Route, L1::kBN, L1::kFreeWarps>{p});
+    gemm_layer<L1>(p, p.l1, l1_act_map, l1_out_map);
     stamp(p, 4);
+    swiglu<G, L2::kFp8Route, kUnroll>(p);
+    barriers::grid_barrier(p.grid_word);
     stamp(p, 5);
     publish_to_tma();
-    gemm_layer<L2, gemm::Bf16Out>(p, p.l2, l2_act_map, l2_out_map, gemm::NoSideWork{});
+    gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map);
     stamp(p, 6);
     if (p.num_ranks > 1) combine_send<kUnroll>(p);
   }
   // The ranks meet: every combine buffer holds its rows. 8b. the top-k sums.
   if (!meet_ranks(p)) return;
   stamp(p, 7);
-  if (planned(p)) combine_reduce<1>(p);
+  if (planned(p)) combine_reduce(p);
   stamp(p, 8);
 }
 

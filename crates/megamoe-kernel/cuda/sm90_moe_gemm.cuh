@@ -101,11 +101,8 @@ struct GemmParams {
   // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
   // stream is synchronized; it is never reset.
   unsigned long long* error;
-  // Optional (null: off), for a kernel that consumes the output as it appears (the fused kernel's
-  // epilogue counts each warpgroup's stored part of a tile here, at [first pool row of the tile / 16]).
-  u32* tile_done;
 };
-static_assert(sizeof(GemmParams) == 120, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+static_assert(sizeof(GemmParams) == 112, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
 // How long a split tail's head waits for a later part before it gives up: far beyond any launch
 // (milliseconds), short enough that a lost part fails a forward within seconds.
@@ -952,11 +949,6 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
 }
 
 // ---------------------------------------------------------------- the kernel
-// No work for the producer warpgroup's free warps (Gemm::roles).
-struct NoSideWork {
-  __device__ __forceinline__ void operator()(int, int) const {}
-};
-
 // One specialization of the grouped GEMM as a whole, in the pieces a kernel composes: `setup`
 // (barriers, decode tables, the cluster's meeting), `roles` (the registers split between the
 // warpgroups, then one role per warpgroup: 0 the producer thread and (FP8) the converter warp, 1
@@ -977,7 +969,6 @@ struct Gemm {
   // C7511, when they do not fit).
   static_assert(!kSplitTail || (kCtas == 2 && kCluster == 1), "the split tail is for two-CTA tiles without clusters");
   static_assert(!kNarrowTiles || kCtas == 2, "narrow tiles are two-CTA tiles");
-  static constexpr int kBN = BN;
   static constexpr int kCtasPerSm = kCtas;
   static constexpr int kClusterCtas = kCluster;
   static constexpr bool kFp8Route = kFp8;
@@ -1014,16 +1005,9 @@ struct Gemm {
     }
   }
 
-  // The producer warpgroup's warps that no role takes (FP8: 2 and 3, the converter is warp 1;
-  // BF16: 1 to 3): a kernel may give them other work (`side`).
-  static constexpr int kFirstFreeWarp = kFp8 ? 2 : 1;
-  static constexpr int kFreeWarps = 4 - kFirstFreeWarp;
-
-  // Every thread of the CTA, after setup: this CTA's part of the launch's tiles; the producer
-  // warpgroup's free warps run side(warp among them, lane) meanwhile (NoSideWork: nothing).
-  template <class Epilogue, class Side = NoSideWork>
-  __device__ __forceinline__ static void roles(const GemmParams& p, const void* act_map, const void* out_map, u8* smem,
-                                               const Side& side = Side{}) {
+  // Every thread of the CTA, after setup: this CTA's part of the launch's tiles.
+  template <class Epilogue>
+  __device__ __forceinline__ static void roles(const GemmParams& p, const void* act_map, const void* out_map, u8* smem) {
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     // (K / 128 and the tile count are read from the parameters where used: kept in registers from
     // here, ptxas spilled them in the producer.)
@@ -1036,10 +1020,8 @@ struct Gemm {
       if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
       if (threadIdx.x == 0) {
         Role::run(p, act_map, smem, rank);
-      } else if (kFp8 && threadIdx.x / 32 == 1) {
-        if constexpr (kFp8) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
-      } else if (threadIdx.x / 32 >= kFirstFreeWarp) {
-        side((int)threadIdx.x / 32 - kFirstFreeWarp, (int)threadIdx.x % 32);
+      } else if constexpr (kFp8) {
+        if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
       }
     } else {
       setmaxnreg_inc<L::kConsumerRegs>();

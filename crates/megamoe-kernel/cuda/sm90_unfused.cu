@@ -66,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_combine_reduce(const __grid_constant__ mm::unfused::CombineReduceParams p) {
   UF_CHAINED();
-  mm::unfused::combine_reduce_token<1>(p, blockIdx.x, channel_thread(), channel_threads());
+  mm::unfused::combine_reduce_token(p, blockIdx.x, channel_thread(), channel_threads());
 }
 
 // One CTA; dynamic shared memory: the histogram, E u32.

@@ -570,15 +570,12 @@ __device__ __forceinline__ void combine_send_row(const CombineSendParams& p, int
 }
 
 // uf_combine_reduce: token t (< tokens); its channels over `threads` threads (this one is
-// `thread`), 8 at a time, kUnroll chunks of 8 at once (as widen_row's).
-template <int kUnroll = 1>
+// `thread`), 8 at a time. (Each chunk already loads its k slots at once.)
 __device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& p, int t, int thread, int threads) {
-  for (int c0 = thread * 8; c0 < p.hidden; c0 += threads * 8 * kUnroll) {
-    float acc[kUnroll][8];
+  for (int c = thread * 8; c < p.hidden; c += threads * 8) {
+    float acc[8];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
+    for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
     for (int j = 0; j < p.top_k; ++j) {
       const int e = p.topk_idx[t * p.top_k + j];
       if (e < 0) continue;
@@ -586,31 +583,18 @@ __device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& 
       const u16* src = e / p.experts_per_rank == p.rank
                            ? p.l2_out + (size_t)p.route[t * p.top_k + j] * p.hidden
                            : p.combine + ((size_t)j * p.max_tokens + t) * p.hidden;
-      uint4 v[kUnroll];
+      const uint4 v = *reinterpret_cast<const uint4*>(src + c);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        v[u] = c0 + u * threads * 8 < p.hidden ? *reinterpret_cast<const uint4*>(src + c0 + u * threads * 8)
-                                               : make_uint4(0, 0, 0, 0);
-      // (Chunks past H sum garbage nobody stores: no branch, so the sums stay in registers.)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const u32 w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          acc[u][2 * i] = __fadd_rn(acc[u][2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
-          acc[u][2 * i + 1] = __fadd_rn(acc[u][2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
-        }
+      for (int i = 0; i < 4; ++i) {
+        acc[2 * i] = __fadd_rn(acc[2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
+        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
       }
     }
+    u32 out[4];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * threads * 8;
-      if (c >= p.hidden) break;
-      u32 out[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) out[i] = (u32)bf16_rn(acc[u][2 * i]) | ((u32)bf16_rn(acc[u][2 * i + 1]) << 16);
-      *reinterpret_cast<uint4*>(p.y + (size_t)t * p.hidden + c) = make_uint4(out[0], out[1], out[2], out[3]);
-    }
+    for (int i = 0; i < 4; ++i) out[i] = (u32)bf16_rn(acc[2 * i]) | ((u32)bf16_rn(acc[2 * i + 1]) << 16);
+    *reinterpret_cast<uint4*>(p.y + (size_t)t * p.hidden + c) = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 

@@ -52,7 +52,7 @@ struct MegaParams {
     tokens: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 720);
+const _: () = assert!(size_of::<MegaParams>() == 704);
 
 /// Stamps of a fused forward's stage clock (`mm::mega::kStamps`): the start, and the end of each
 /// stage for the whole grid ([`FusedStageTimes`]).
@@ -157,19 +157,14 @@ pub struct FusedCore {
     grid_word: CudaSlice<u64>,
     /// The stage clock's stamps of the last forward that asked for them.
     stage_clock: CudaSlice<u64>,
-    /// L1 tiles stored per token block (`[pool rows / 16]`, at the block's first row / 16), which
-    /// SwiGLU waits for; each back to 0 once read.
-    tile_done: CudaSlice<u32>,
 }
 
 impl FusedCore {
-    /// The kernel of `plans` for pools of `pool_rows` rows.
     pub fn new(
         gpu: &Gpu,
         jit: &Jit,
         recipe: Recipe,
         plans: [TilePlan; 2],
-        pool_rows: usize,
     ) -> Result<Self, UnfusedError> {
         let spec = fused_spec(recipe, plans)?;
         let compiled = jit.compile(&spec, Arch::Sm90a)?;
@@ -208,7 +203,6 @@ impl FusedCore {
             error: gpu.alloc_zeros(1)?,
             grid_word: gpu.alloc_zeros(1)?,
             stage_clock: gpu.alloc_zeros(STAMPS)?,
-            tile_done: gpu.alloc_zeros(pool_rows / 16 + 1)?,
         })
     }
 
@@ -266,7 +260,7 @@ impl Pipeline {
                 tokens_per_tile,
                 [self.w1.fold, self.w2.fold],
             )?;
-            let core = FusedCore::new(gpu, jit, self.shape.recipe, plans, self.shape.pool_rows)?;
+            let core = FusedCore::new(gpu, jit, self.shape.recipe, plans)?;
             self.fused.insert(tokens_per_tile, core);
         }
         Ok(())
@@ -332,40 +326,36 @@ impl Pipeline {
         let partial_ready = core.partial_ready.device_ptr_mut(stream).0;
         let tickets = core.tickets.device_ptr_mut(stream).0;
         let gemm_error = core.error.device_ptr_mut(stream).0;
-        let tile_done = core.tile_done.device_ptr_mut(stream).0;
         let l1_out = self.l1_out.device_ptr_mut(stream).0;
         let l2_act = self.l2_act.device_ptr_mut(stream).0;
         let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
         let l2_out = self.l2_out.device_ptr_mut(stream).0;
-        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64, tile_done| {
-            GemmParams {
-                w_codes: w.codes.device_ptr(stream).0,
-                w_meta: w.meta.device_ptr(stream).0,
-                act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
-                out,
-                expert_offset,
-                expert_rows,
-                num_experts: el as i32,
-                n_out: w.n as i32,
-                k: w.k as i32,
-                sf_stride: s.sf_stride() as i32,
-                partials,
-                partial_ready,
-                split_parts: if plan.splits_tail() {
-                    plan.split_parts as i32
-                } else {
-                    1
-                },
-                pad_: 0,
-                tickets: if plan.schedules_dynamically() {
-                    tickets
-                } else {
-                    0
-                },
-                trace: 0,
-                error: gemm_error,
-                tile_done,
-            }
+        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| GemmParams {
+            w_codes: w.codes.device_ptr(stream).0,
+            w_meta: w.meta.device_ptr(stream).0,
+            act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
+            out,
+            expert_offset,
+            expert_rows,
+            num_experts: el as i32,
+            n_out: w.n as i32,
+            k: w.k as i32,
+            sf_stride: s.sf_stride() as i32,
+            partials,
+            partial_ready,
+            split_parts: if plan.splits_tail() {
+                plan.split_parts as i32
+            } else {
+                1
+            },
+            pad_: 0,
+            tickets: if plan.schedules_dynamically() {
+                tickets
+            } else {
+                0
+            },
+            trace: 0,
+            error: gemm_error,
         };
         let params = MegaParams {
             count: CountParams {
@@ -462,8 +452,8 @@ impl Pipeline {
                 error_word: self.error_words.slice(0..1).device_ptr(stream).0,
                 timeout_ns: self.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64,
             },
-            l1: layer(p1, &self.w1, own.l1_sf, l1_out, tile_done),
-            l2: layer(p2, &self.w2, l2_sf, l2_out, 0),
+            l1: layer(p1, &self.w1, own.l1_sf, l1_out),
+            l2: layer(p2, &self.w2, l2_sf, l2_out),
             grid_word: core.grid_word.device_ptr_mut(stream).0,
             stage_clock: if stage_clock {
                 core.stage_clock.device_ptr_mut(stream).0

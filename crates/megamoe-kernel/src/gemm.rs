@@ -590,10 +590,9 @@ pub(crate) struct GemmParams {
     pub(crate) tickets: u64,
     pub(crate) trace: u64,
     pub(crate) error: u64,
-    pub(crate) tile_done: u64,
 }
 
-const _: () = assert!(size_of::<GemmParams>() == 120);
+const _: () = assert!(size_of::<GemmParams>() == 112);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -889,7 +888,6 @@ impl GemmCore {
             tickets,
             trace,
             error,
-            tile_done: 0,
         };
         let mut config = LaunchConfig::linear(self.grid, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32)
