@@ -219,9 +219,25 @@ impl Gpu {
     /// # Safety
     /// `[ptr, ptr + bytes)` must be device memory this device may write, not in use by other work.
     pub unsafe fn memset_raw(&self, ptr: u64, bytes: usize, byte: u8) -> Result<()> {
+        // SAFETY: the caller's contract; the stream is this GPU's.
+        unsafe { self.memset_raw_on(self.stream(), ptr, bytes, byte) }
+    }
+
+    /// [`Gpu::memset_raw`] ordered on `stream` (a stream of this GPU's context, e.g. a caller's
+    /// that is being captured into a graph).
+    ///
+    /// # Safety
+    /// As [`Gpu::memset_raw`], and `stream` must belong to this GPU's context.
+    pub unsafe fn memset_raw_on(
+        &self,
+        stream: &cudarc::driver::CudaStream,
+        ptr: u64,
+        bytes: usize,
+        byte: u8,
+    ) -> Result<()> {
         self.context().bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: the caller's contract.
-        unsafe { sys::cuMemsetD8Async(ptr, byte, bytes, self.stream().cu_stream()) }
+        unsafe { sys::cuMemsetD8Async(ptr, byte, bytes, stream.cu_stream()) }
             .result()
             .call("cuMemsetD8Async")
     }

@@ -61,9 +61,25 @@ struct MegaParams {
   // Optional (null: off): [kStamps] %globaltimer ns at the start and after each stage's barrier,
   // by CTA 0 (each barrier ends a stage for the whole grid): the forward's stage times.
   u64* stage_clock;
+  // Optional (null: `tokens` is T): T read from the device when the kernel starts, at most `tokens`
+  // (then the most the buffers hold), so that one captured launch serves every T. A T outside
+  // 0..tokens is refused through the plan's error word (kPlanErrorTokens) and the forward does
+  // nothing but meet the other ranks.
+  const int* tokens_dev;
   int num_ranks, tokens;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 24, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 32, "MegaParams layout");
+
+// The plan error word's kind for a device T outside 0..max (error[1]: that T).
+constexpr u64 kPlanErrorTokens = 4;
+
+// This forward's T (every CTA reads the same; read afresh where needed, nothing held across the
+// GEMM roles): 0 when the device's T is out of range, which stage 1 reports.
+__device__ __forceinline__ int forward_tokens(const MegaParams& p) {
+  if (!p.tokens_dev) return p.tokens;
+  const int t = *p.tokens_dev;
+  return t >= 0 && t <= p.tokens ? t : 0;
+}
 
 // Stamps of stage_clock: start, counts met, plan, dispatch met, L1, SwiGLU, L2, combine met, end.
 constexpr int kStamps = 9;
@@ -146,9 +162,11 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
 // 3. route: a CTA per expert; 4. dispatch: pairs over the grid.
 template <int G, bool kL1Fp8Pool, int kUnroll>
 __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
-  for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(p.route, e);
+  RouteParams route = p.route;
+  route.pairs = forward_tokens(p) * p.count.top_k;
+  for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(route, e);
   barriers::grid_barrier(p.grid_word);
-  over_warps(p.tokens * p.count.top_k, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
+  over_warps(route.pairs, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
     dispatch_pair<G, kL1Fp8Pool, kUnroll>(p.dispatch, pair, t, threads);
   });
   publish_to_tma();
@@ -177,7 +195,7 @@ __device__ __forceinline__ void combine_send(const MegaParams& p) {
 
 // 8b. combine reduce: tokens over the grid, the top-k sums into y.
 __device__ __forceinline__ void combine_reduce(const MegaParams& p) {
-  over_warps(p.tokens, max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
+  over_warps(forward_tokens(p), max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
     combine_reduce_token(p.combine_reduce, token, t, threads);
   });
 }
@@ -197,7 +215,14 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
 
   // 1. count, and the ranks meet: every rank's counts are in every rank's table.
   stamp(p, 0);
-  if (blockIdx.x == 0) count_routes(p.count, reinterpret_cast<u32*>(sm90::align_smem(smem_raw)), threadIdx.x, kThreads);
+  if (blockIdx.x == 0) {
+    CountParams count = p.count;
+    count.pairs = forward_tokens(p) * count.top_k;
+    if (p.tokens_dev && threadIdx.x == 0 && (*p.tokens_dev < 0 || *p.tokens_dev > p.tokens))
+      record_plan_error(count.error, kPlanErrorTokens << 60, (u64)(long long)*p.tokens_dev);
+    __syncthreads();
+    count_routes(count, reinterpret_cast<u32*>(sm90::align_smem(smem_raw)), threadIdx.x, kThreads);
+  }
   if (!meet_ranks(p)) return;
   stamp(p, 1);
 

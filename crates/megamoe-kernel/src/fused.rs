@@ -8,7 +8,7 @@
 //! group) with its persistent grid and the workspace its waits use; [`Pipeline::forward_fused`]
 //! queues a forward on it.
 
-use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 
@@ -48,11 +48,30 @@ struct MegaParams {
     l2: GemmParams,
     grid_word: u64,
     stage_clock: u64,
+    tokens_dev: u64,
     num_ranks: i32,
     tokens: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 704);
+const _: () = assert!(size_of::<MegaParams>() == 712);
+
+/// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
+/// same for any binding): device addresses on the pipeline's GPU of `x` (E4M3 `[T][H]`), `x_sf`
+/// (UE8M0 `[T][H/G]`), `topk_idx` (i32 `[T][k]`, −1 masked), `topk_weights` (f32 `[T][k]`) and
+/// `y` (BF16 `[T][H]`, written). `tokens` is T — or, with `tokens_dev` (a device i32, 0: none),
+/// the most T may be: the kernel reads T from there when it starts, so one captured graph serves
+/// every T up to it (the buffers then hold `tokens` tokens).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceIo {
+    pub x: u64,
+    pub x_sf: u64,
+    pub topk_idx: u64,
+    pub topk_weights: u64,
+    pub y: u64,
+    pub tokens: u64,
+    pub tokens_dev: u64,
+}
 
 /// Stamps of a fused forward's stage clock (`mm::mega::kStamps`): the start, and the end of each
 /// stage for the whole grid ([`FusedStageTimes`]).
@@ -304,17 +323,86 @@ impl Pipeline {
     ) -> Result<(), UnfusedError> {
         let tokens = self.tokens.expect("set_inputs before forward_fused");
         self.prepare_fused(gpu, jit, tokens_per_tile)?;
+        let stream = gpu.stream();
+        let io = DeviceIo {
+            x: self.inputs.x.device_ptr(stream).0,
+            x_sf: self.inputs.x_sf.device_ptr(stream).0,
+            topk_idx: self.inputs.topk_idx.device_ptr(stream).0,
+            topk_weights: self.inputs.topk_w.device_ptr(stream).0,
+            y: self.y.device_ptr(stream).0,
+            tokens: tokens as u64,
+            tokens_dev: 0,
+        };
+        // SAFETY: the pipeline's own input buffers hold `tokens` tokens (set_inputs) and y
+        // max_tokens >= tokens rows; all on this GPU.
+        unsafe { self.queue_fused(gpu, stream, &io, tokens_per_tile, stage_clock) }
+    }
+
+    /// The GEMM tile a fused forward of `tokens` tokens per rank takes when only T is known (the
+    /// engine's device forward): the tile for `R · T · k / E` rows per expert, uniform routing's.
+    pub fn fused_tile_for_tokens(&self, tokens: usize) -> usize {
+        let s = &self.shape;
+        let rows = (s.num_ranks * tokens * s.top_k) as f64 / s.num_experts as f64;
+        TilePlan::tokens_per_tile_for(rows.max(1.0))
+    }
+
+    /// Collective, queued on `stream` (the caller's, of this pipeline's GPU): the fused forward of
+    /// inputs already on the device into `io.y`, with no allocation, no host-device copy and no
+    /// host synchronization — a memset of the plan's error words and one launch, which a CUDA graph
+    /// can capture. The tile is `fused_tile_for_tokens(io.tokens)`; its kernel must be compiled
+    /// ([`Pipeline::warm_up_fused`]), else this compiles it first. After `stream` is done,
+    /// [`Pipeline::check_errors`] reports what the device refused (ids out of range, a device T
+    /// above `io.tokens`, capacity) or a rank that did not arrive.
+    ///
+    /// # Safety
+    /// `io`'s addresses are device memory of this GPU, as [`DeviceIo`] describes, live and not
+    /// written by other work until the forward is done; every rank queues its forward.
+    pub unsafe fn forward_fused_on(
+        &mut self,
+        gpu: &Gpu,
+        jit: &Jit,
+        stream: &CudaStream,
+        io: &DeviceIo,
+    ) -> Result<(), UnfusedError> {
+        if io.tokens as usize > self.shape.max_tokens {
+            return Err(UnfusedError::Tokens {
+                rank: self.rank,
+                tokens: io.tokens as usize,
+                max: self.shape.max_tokens,
+            });
+        }
+        let tile = self.fused_tile_for_tokens(io.tokens as usize);
+        self.prepare_fused(gpu, jit, tile)?;
+        self.tokens = Some(io.tokens as usize);
+        self.launched.clear();
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_fused(gpu, stream, io, tile, false) }
+    }
+
+    /// Queues a fused forward of `io` on `stream` with the compiled kernel of `tokens_per_tile`.
+    ///
+    /// # Safety
+    /// As [`Pipeline::forward_fused_on`].
+    unsafe fn queue_fused(
+        &mut self,
+        gpu: &Gpu,
+        stream: &CudaStream,
+        io: &DeviceIo,
+        tokens_per_tile: usize,
+        stage_clock: bool,
+    ) -> Result<(), UnfusedError> {
+        let tokens = io.tokens as usize;
         let s = self.shape;
         let el = s.experts_per_rank();
         let pairs = (tokens * s.top_k) as i32;
-        gpu.memset(&mut self.error_words.slice_mut(1..3), 0)?;
-        let stream = gpu.stream();
         let own = self.own();
-        let dev = |slice: &CudaSlice<i32>| slice.device_ptr(stream).0;
+        let errors = self.error_words.device_ptr(stream).0;
+        // SAFETY: words 1 and 2 of this pipeline's error words, on its GPU.
+        unsafe { gpu.memset_raw_on(stream, errors + 8, 16, 0)? };
         let [first_row, expert_offset, expert_rows] =
             Self::plan_tables(&s).map(|table| self.plan_dev.slice(table).device_ptr(stream).0);
         let peers = self.peers.device_ptr(stream).0;
-        let topk_idx = dev(&self.inputs.topk_idx);
+        let topk_idx = io.topk_idx;
         let route = self.route.device_ptr_mut(stream).0;
         let plan_error = self.error_words.slice(1..3).device_ptr(stream).0;
         let core = self
@@ -395,11 +483,11 @@ impl Pipeline {
                 pad: 0,
             },
             dispatch: DispatchParams {
-                x: self.inputs.x.device_ptr(stream).0,
-                x_sf: self.inputs.x_sf.device_ptr(stream).0,
+                x: io.x,
+                x_sf: io.x_sf,
                 route,
                 topk_idx,
-                topk_w: self.inputs.topk_w.device_ptr(stream).0,
+                topk_w: io.topk_weights,
                 peers,
                 tokens: tokens as i32,
                 top_k: s.top_k as i32,
@@ -436,7 +524,7 @@ impl Pipeline {
             combine_reduce: CombineReduceParams {
                 combine: own.combine,
                 topk_idx,
-                y: self.y.device_ptr_mut(stream).0,
+                y: io.y,
                 l2_out,
                 route,
                 tokens: tokens as i32,
@@ -460,6 +548,7 @@ impl Pipeline {
             } else {
                 0
             },
+            tokens_dev: io.tokens_dev,
             num_ranks: s.num_ranks as i32,
             tokens: tokens as i32,
         };

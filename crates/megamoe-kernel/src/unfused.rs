@@ -102,6 +102,9 @@ pub enum UnfusedError {
         "rank {rank} refused its routes (an expert id out of range): the forward is refused on every rank"
     )]
     PeerRoutes { rank: usize },
+    /// A fused forward's T read from the device was outside 0..max (`DeviceIo::tokens_dev`).
+    #[error("the device's T is {tokens}, the forward was queued for at most {max}")]
+    DeviceTokens { tokens: i64, max: usize },
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
 }
@@ -333,6 +336,10 @@ pub(crate) fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), Unfu
         PLAN_ERROR_PEER_ROUTES => Err(UnfusedError::PeerRoutes {
             rank: (first & 0xffff_ffff) as usize,
         }),
+        PLAN_ERROR_TOKENS => Err(UnfusedError::DeviceTokens {
+            tokens: value as i64,
+            max: shape.max_tokens,
+        }),
         kind => Err(UnfusedError::Shape {
             what: "device plan error word",
             detail: format!("unknown kind {kind} in {first:#x}"),
@@ -344,6 +351,8 @@ pub(crate) fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), Unfu
 const PLAN_ERROR_EXPERT: u64 = 1;
 const PLAN_ERROR_CAPACITY: u64 = 2;
 const PLAN_ERROR_PEER_ROUTES: u64 = 3;
+/// `mm::mega::kPlanErrorTokens`.
+const PLAN_ERROR_TOKENS: u64 = 4;
 
 /// One owner rank's pools: where each of its experts starts and how many rows it holds, and where
 /// each source rank's rows of each expert start.

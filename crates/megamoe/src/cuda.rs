@@ -26,9 +26,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cuda_rt::cudarc::driver::CudaStream;
 use cuda_rt::timing::EventTrail;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
+pub use megamoe_kernel::fused::DeviceIo;
 use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
 use megamoe_kernel::{Routes, transform_weights};
 use symm_mem::world::RankOutput;
@@ -408,6 +410,41 @@ impl<'w> CudaRank<'w> {
     /// many GEMM cores the rank holds.
     pub fn warm_up(&mut self) -> Result<usize, CudaError> {
         Ok(self.pipe.warm_up(self.world.local_gpu(), &self.jit)?)
+    }
+
+    /// Compiles the fused kernel of every GEMM tile a forward of any T ≤ `max_tokens` can pick,
+    /// so that no fused forward compiles (the device forward, [`Self::forward_device`], above
+    /// all). Returns how many the rank holds.
+    pub fn warm_up_fused(&mut self) -> Result<usize, CudaError> {
+        Ok(self.pipe.warm_up_fused(self.world.local_gpu(), &self.jit)?)
+    }
+
+    /// Collective, queued on `stream` (the caller's, on this rank's GPU): the fused forward of
+    /// inputs already on the device into the caller's `y` ([`DeviceIo`]), with no allocation, no
+    /// host-device copy and no host synchronization, so an engine's stream runs on and a CUDA
+    /// graph can capture it (with `io.tokens_dev`, one graph serves every T up to `io.tokens`).
+    /// After `stream` is done, [`Self::check_device_forward`] says whether the device refused
+    /// the inputs or a rank did not arrive.
+    ///
+    /// # Safety
+    /// As `megamoe_kernel::unfused::Pipeline::forward_fused_on`: `io`'s addresses are device
+    /// memory of this rank's GPU holding what [`DeviceIo`] says, live and unwritten by other work
+    /// until the forward is done; every rank queues its forward.
+    pub unsafe fn forward_device(
+        &mut self,
+        stream: &CudaStream,
+        io: &DeviceIo,
+    ) -> Result<(), CudaError> {
+        let gpu = self.world.local_gpu();
+        // SAFETY: the caller's contract.
+        unsafe { self.pipe.forward_fused_on(gpu, &self.jit, stream, io) }?;
+        Ok(())
+    }
+
+    /// After the stream of the last [`Self::forward_device`] is done: what the device refused
+    /// (expert ids, a device T out of range, capacity) or a rank that did not arrive.
+    pub fn check_device_forward(&self) -> Result<(), CudaError> {
+        Ok(self.pipe.check_errors(self.world.local_gpu())?)
     }
 
     /// How many GEMM cores this rank has compiled ([`Self::warm_up`]).

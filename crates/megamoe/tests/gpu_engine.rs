@@ -1,0 +1,248 @@
+//! The engine's forward (`CudaRank::forward_device`): inputs already on the device, y into the
+//! caller's buffer, queued on the caller's stream with no host synchronization. A forward queued
+//! behind a 50 ms kernel returns at once and its y, once the stream is done, equals the host
+//! forward's bit for bit; a CUDA graph captured once (T read from the device) replays three
+//! different inputs and T to the eager forward's bits; a device T above the captured bound is
+//! refused through the error word, and the next replay works.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError, sys};
+use cuda_rt::{Arch, KernelSpec, LaunchConfig};
+use fp_formats::bf16;
+use megamoe::cuda::{CudaError, CudaRank, DeviceIo, ForwardPath, Placement, run_local};
+use megamoe::{Config, Problem, RankInputs, Recipe};
+use megamoe_kernel::unfused::UnfusedError;
+use megamoe_kernel::{Mma, Routes};
+use megamoe_problems::generate::{self, GenOptions};
+
+const SPIN: (&str, &str) = (
+    "spin.cu",
+    r#"extern "C" __global__ void spin(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}"#,
+);
+
+/// A cudarc call's error as the backend's.
+fn driver<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, CudaError> {
+    r.map_err(|source| cuda_rt::Error::Driver { call, source }.into())
+}
+
+fn problem(config: Config, tokens: usize, seed: u64) -> Problem {
+    generate::problem(&GenOptions {
+        config,
+        tokens,
+        seed,
+        mask_fraction: 0.1,
+    })
+}
+
+/// One rank's inputs in device buffers of `stream`, sized for `max` tokens (the first T hold them).
+struct DeviceInputs {
+    x: CudaSlice<u8>,
+    x_sf: CudaSlice<u8>,
+    topk_idx: CudaSlice<i32>,
+    topk_w: CudaSlice<f32>,
+    y: CudaSlice<u16>,
+    tokens_dev: CudaSlice<i32>,
+}
+
+impl DeviceInputs {
+    fn new(stream: &Arc<CudaStream>, config: &Config, max: usize) -> Result<Self, CudaError> {
+        let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
+        Ok(Self {
+            x: driver("alloc", stream.alloc_zeros(max * h))?,
+            x_sf: driver("alloc", stream.alloc_zeros(max * h / g))?,
+            topk_idx: driver("alloc", stream.alloc_zeros(max * k))?,
+            topk_w: driver("alloc", stream.alloc_zeros(max * k))?,
+            y: driver("alloc", stream.alloc_zeros(max * h))?,
+            tokens_dev: driver("alloc", stream.alloc_zeros(1))?,
+        })
+    }
+
+    /// Copies `inputs` in (and T into the device scalar), poisons y.
+    fn fill(&mut self, stream: &Arc<CudaStream>, inputs: &RankInputs) -> Result<(), CudaError> {
+        let idx: Vec<i32> = inputs.topk_idx.iter().map(|&e| e as i32).collect();
+        let copy = |r| driver("memcpy_htod", r);
+        copy(stream.memcpy_htod(&inputs.x, &mut self.x.slice_mut(..inputs.x.len())))?;
+        copy(stream.memcpy_htod(&inputs.x_sf, &mut self.x_sf.slice_mut(..inputs.x_sf.len())))?;
+        copy(stream.memcpy_htod(&idx, &mut self.topk_idx.slice_mut(..idx.len())))?;
+        copy(stream.memcpy_htod(
+            &inputs.topk_weights,
+            &mut self.topk_w.slice_mut(..inputs.topk_weights.len()),
+        ))?;
+        copy(stream.memcpy_htod(&[inputs.tokens as i32], &mut self.tokens_dev))?;
+        copy(stream.memcpy_htod(&vec![0xffffu16; self.y.len()], &mut self.y))?;
+        Ok(())
+    }
+
+    /// The forward's arguments: T = `tokens`, or read from the device scalar (`tokens` the bound).
+    fn io(&self, stream: &CudaStream, tokens: usize, from_device: bool) -> DeviceIo {
+        DeviceIo {
+            x: self.x.device_ptr(stream).0,
+            x_sf: self.x_sf.device_ptr(stream).0,
+            topk_idx: self.topk_idx.device_ptr(stream).0,
+            topk_weights: self.topk_w.device_ptr(stream).0,
+            y: self.y.device_ptr(stream).0,
+            tokens: tokens as u64,
+            tokens_dev: if from_device {
+                self.tokens_dev.device_ptr(stream).0
+            } else {
+                0
+            },
+        }
+    }
+
+    fn y(&self, stream: &Arc<CudaStream>, tokens: usize, h: usize) -> Result<Vec<bf16>, CudaError> {
+        let y = driver("clone_dtoh", stream.clone_dtoh(&self.y.slice(..tokens * h)))?;
+        Ok(y.into_iter().map(bf16::from_bits).collect())
+    }
+}
+
+fn same_bits(a: &[bf16], b: &[bf16]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+        + a.len().abs_diff(b.len())
+}
+
+/// The host forward (fused, the given tile) of `inputs`: what the device forward must equal.
+fn host_y(rank: &mut CudaRank, inputs: &RankInputs, tile: usize) -> Result<Vec<bf16>, CudaError> {
+    rank.set_path(ForwardPath::Fused);
+    rank.set_fused_tile(Some(tile));
+    rank.poison()?;
+    Ok(rank.forward(inputs)?.0)
+}
+
+fn engine_case(config: Config, routes: Routes, max: usize) {
+    let p = problem(config, max, 111);
+    let q = problem(config, max, 112);
+    let spin_spec = KernelSpec::new("megamoe/tests/spin", SPIN).arches(&[Arch::Sm90a]);
+    let what = format!("{}/{routes}", config.recipe);
+    run_local(Placement::one_gpu(1), |world| {
+        let gpu = world.local_gpu();
+        let mut rank = CudaRank::new(world, &config, max, routes, &p.weights[0])?;
+        let compiled = rank.warm_up_fused()?;
+        let jit = cuda_rt::testing::jit();
+        let spin = gpu
+            .load_module(&jit.compile(&spin_spec, Arch::Sm90a)?.cubin)?
+            .kernel("spin")?;
+        let stream = driver("new_stream", gpu.stream().context().new_stream())?;
+        let mut dev = DeviceInputs::new(&stream, &config, max)?;
+        let h = config.hidden;
+
+        // Behind 50 ms of other work on the caller's stream: the call returns at once.
+        let inputs = &p.inputs[0];
+        let tile = rank.pipeline().fused_tile_for_tokens(inputs.tokens);
+        let want = host_y(&mut rank, inputs, tile)?;
+        dev.fill(&stream, inputs)?;
+        // SAFETY: one thread, no buffers.
+        unsafe {
+            spin.launch(&stream, LaunchConfig::linear(1, 32))
+                .scalar(50_000_000u64)
+                .launch()?
+        };
+        let clock = Instant::now();
+        // SAFETY: the buffers hold `inputs` on this GPU and live until the stream is done.
+        unsafe { rank.forward_device(&stream, &dev.io(&stream, inputs.tokens, false))? };
+        let queued = clock.elapsed();
+        driver("synchronize", stream.synchronize())?;
+        let done = clock.elapsed();
+        rank.check_device_forward()?;
+        let got = dev.y(&stream, inputs.tokens, h)?;
+        eprintln!(
+            "{what}: {compiled} fused kernels warm; forward_device returned after {:.1} us, the stream was done after {:.1} ms; {} of {} values differ from the host forward",
+            queued.as_secs_f64() * 1e6,
+            done.as_secs_f64() * 1e3,
+            same_bits(&got, &want),
+            want.len()
+        );
+        assert!(queued < Duration::from_millis(5), "{what}: forward_device waited {queued:?}");
+        assert!(done >= Duration::from_millis(50), "{what}: the stream finished before its spin");
+        assert_eq!(same_bits(&got, &want), 0, "{what}: the device forward's y differs");
+
+        // One graph, captured with T read from the device, replayed on three inputs and T.
+        let bound = max;
+        let tile = rank.pipeline().fused_tile_for_tokens(bound);
+        dev.fill(&stream, inputs)?;
+        driver(
+            "begin_capture",
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        )?;
+        // SAFETY: as above; the graph reads the same buffers at every replay.
+        let queued = unsafe { rank.forward_device(&stream, &dev.io(&stream, bound, true)) };
+        let graph = driver("end_capture", stream.end_capture(sys::CUgraphInstantiate_flags(0)))?
+            .expect("a captured graph");
+        queued?;
+        let cases = [
+            inputs.clone(),
+            truncate(&q.inputs[0], &config, max / 2),
+            truncate(&p.inputs[0], &config, 7),
+        ];
+        for case in &cases {
+            dev.fill(&stream, case)?;
+            driver("graph launch", graph.launch())?;
+            driver("synchronize", stream.synchronize())?;
+            rank.check_device_forward()?;
+            let got = dev.y(&stream, case.tokens, h)?;
+            let want = host_y(&mut rank, case, tile)?;
+            eprintln!(
+                "{what}: graph replay at T = {}: {} of {} values differ from the eager forward",
+                case.tokens,
+                same_bits(&got, &want),
+                want.len()
+            );
+            assert_eq!(same_bits(&got, &want), 0, "{what}: replay at T = {}", case.tokens);
+        }
+        // A device T above the bound the graph was captured for is refused, and the next works.
+        driver("memcpy_htod", stream.memcpy_htod(&[bound as i32 + 1], &mut dev.tokens_dev))?;
+        driver("graph launch", graph.launch())?;
+        driver("synchronize", stream.synchronize())?;
+        match rank.check_device_forward() {
+            Err(CudaError::Unfused(UnfusedError::DeviceTokens { tokens, max })) => {
+                assert_eq!((tokens, max), (bound as i64 + 1, bound), "{what}");
+            }
+            other => panic!("{what}: a device T past the bound gave {other:?}"),
+        }
+        dev.fill(&stream, &cases[1])?;
+        driver("graph launch", graph.launch())?;
+        driver("synchronize", stream.synchronize())?;
+        rank.check_device_forward()?;
+        let want = host_y(&mut rank, &cases[1], tile)?;
+        assert_eq!(same_bits(&dev.y(&stream, cases[1].tokens, h)?, &want), 0, "{what}: after the refusal");
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+}
+
+/// The first `t` tokens of `inputs`.
+fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
+    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
+    RankInputs {
+        tokens: t,
+        x: inputs.x[..t * h].to_vec(),
+        x_sf: inputs.x_sf[..t * h / g].to_vec(),
+        topk_idx: inputs.topk_idx[..t * k].to_vec(),
+        topk_weights: inputs.topk_weights[..t * k].to_vec(),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_forward_on_the_callers_stream_and_in_a_graph() {
+    engine_case(
+        Config::tiny().with_recipe(Recipe::G128),
+        Routes::both(Mma::Fp8),
+        256,
+    );
+    engine_case(Config::tiny(), Routes::EXACT, 256);
+    let flash = Config {
+        num_experts: 16,
+        ..Config::deepseek_v4_flash()
+    };
+    engine_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+}
