@@ -35,7 +35,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     )?;
     let bins = artifacts(
         root,
-        &["build", "--workspace", "--release", "--bins"],
+        &["build", "--workspace", "--release", "--bins", "--examples"],
         Pick::Bins,
     )?;
     let benches = artifacts(root, &["bench", "--workspace", "--no-run"], Pick::Benches)?;
@@ -100,7 +100,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 enum Pick {
     /// libtest binaries of lib and integration-test targets.
     Tests,
-    /// `[[bin]]` targets.
+    /// `[[bin]]` and example targets (the examples run as they are on the GPU machine).
     Bins,
     /// `[[bench]]` targets (benchmark programs, run by hand on the GPU machine).
     Benches,

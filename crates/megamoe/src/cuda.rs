@@ -26,10 +26,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cuda_rt::cudarc::driver::CudaStream;
+use cuda_rt::cudarc::driver::{CudaStream, sys};
 use cuda_rt::timing::EventTrail;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
+mod batch;
+
+pub use batch::DeviceBatch;
 pub use megamoe_kernel::fused::DeviceIo;
 use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
 use megamoe_kernel::{Routes, transform_weights};
@@ -439,6 +442,29 @@ impl<'w> CudaRank<'w> {
         // SAFETY: the caller's contract.
         unsafe { self.pipe.forward_fused_on(gpu, &self.jit, stream, io) }?;
         Ok(())
+    }
+
+    /// [`Self::forward_device`] on a raw `CUstream` of this rank's GPU context, for an engine on
+    /// another cudarc version or another binding (the `#[repr(C)]` raw layer: `DeviceIo` and a
+    /// stream handle).
+    ///
+    /// # Safety
+    /// As [`Self::forward_device`], and `stream` is a live stream of this rank's GPU context.
+    pub unsafe fn forward_device_raw(
+        &mut self,
+        stream: sys::CUstream,
+        io: &DeviceIo,
+    ) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract; the wrapper does not outlive the call and owns nothing.
+        let stream = unsafe {
+            self.world
+                .local_gpu()
+                .stream()
+                .context()
+                .wrap_borrowed_stream(stream)
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.forward_device(&stream, io) }
     }
 
     /// After the stream of the last [`Self::forward_device`] is done: what the device refused

@@ -5,13 +5,12 @@
 //! different inputs and T to the eager forward's bits; a device T above the captured bound is
 //! refused through the error word, and the next replay works.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError, sys};
+use cuda_rt::cudarc::driver::{DriverError, sys};
 use cuda_rt::{Arch, KernelSpec, LaunchConfig};
 use fp_formats::bf16;
-use megamoe::cuda::{CudaError, CudaRank, DeviceIo, ForwardPath, Placement, run_local};
+use megamoe::cuda::{CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, run_local};
 use megamoe::{Config, Problem, RankInputs, Recipe};
 use megamoe_kernel::unfused::UnfusedError;
 use megamoe_kernel::{Mma, Routes};
@@ -38,68 +37,6 @@ fn problem(config: Config, tokens: usize, seed: u64) -> Problem {
         seed,
         mask_fraction: 0.1,
     })
-}
-
-/// One rank's inputs in device buffers of `stream`, sized for `max` tokens (the first T hold them).
-struct DeviceInputs {
-    x: CudaSlice<u8>,
-    x_sf: CudaSlice<u8>,
-    topk_idx: CudaSlice<i32>,
-    topk_w: CudaSlice<f32>,
-    y: CudaSlice<u16>,
-    tokens_dev: CudaSlice<i32>,
-}
-
-impl DeviceInputs {
-    fn new(stream: &Arc<CudaStream>, config: &Config, max: usize) -> Result<Self, CudaError> {
-        let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
-        Ok(Self {
-            x: driver("alloc", stream.alloc_zeros(max * h))?,
-            x_sf: driver("alloc", stream.alloc_zeros(max * h / g))?,
-            topk_idx: driver("alloc", stream.alloc_zeros(max * k))?,
-            topk_w: driver("alloc", stream.alloc_zeros(max * k))?,
-            y: driver("alloc", stream.alloc_zeros(max * h))?,
-            tokens_dev: driver("alloc", stream.alloc_zeros(1))?,
-        })
-    }
-
-    /// Copies `inputs` in (and T into the device scalar), poisons y.
-    fn fill(&mut self, stream: &Arc<CudaStream>, inputs: &RankInputs) -> Result<(), CudaError> {
-        let idx: Vec<i32> = inputs.topk_idx.iter().map(|&e| e as i32).collect();
-        let copy = |r| driver("memcpy_htod", r);
-        copy(stream.memcpy_htod(&inputs.x, &mut self.x.slice_mut(..inputs.x.len())))?;
-        copy(stream.memcpy_htod(&inputs.x_sf, &mut self.x_sf.slice_mut(..inputs.x_sf.len())))?;
-        copy(stream.memcpy_htod(&idx, &mut self.topk_idx.slice_mut(..idx.len())))?;
-        copy(stream.memcpy_htod(
-            &inputs.topk_weights,
-            &mut self.topk_w.slice_mut(..inputs.topk_weights.len()),
-        ))?;
-        copy(stream.memcpy_htod(&[inputs.tokens as i32], &mut self.tokens_dev))?;
-        copy(stream.memcpy_htod(&vec![0xffffu16; self.y.len()], &mut self.y))?;
-        Ok(())
-    }
-
-    /// The forward's arguments: T = `tokens`, or read from the device scalar (`tokens` the bound).
-    fn io(&self, stream: &CudaStream, tokens: usize, from_device: bool) -> DeviceIo {
-        DeviceIo {
-            x: self.x.device_ptr(stream).0,
-            x_sf: self.x_sf.device_ptr(stream).0,
-            topk_idx: self.topk_idx.device_ptr(stream).0,
-            topk_weights: self.topk_w.device_ptr(stream).0,
-            y: self.y.device_ptr(stream).0,
-            tokens: tokens as u64,
-            tokens_dev: if from_device {
-                self.tokens_dev.device_ptr(stream).0
-            } else {
-                0
-            },
-        }
-    }
-
-    fn y(&self, stream: &Arc<CudaStream>, tokens: usize, h: usize) -> Result<Vec<bf16>, CudaError> {
-        let y = driver("clone_dtoh", stream.clone_dtoh(&self.y.slice(..tokens * h)))?;
-        Ok(y.into_iter().map(bf16::from_bits).collect())
-    }
 }
 
 fn same_bits(a: &[bf16], b: &[bf16]) -> usize {
@@ -132,14 +69,13 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
             .load_module(&jit.compile(&spin_spec, Arch::Sm90a)?.cubin)?
             .kernel("spin")?;
         let stream = driver("new_stream", gpu.stream().context().new_stream())?;
-        let mut dev = DeviceInputs::new(&stream, &config, max)?;
-        let h = config.hidden;
+        let mut dev = DeviceBatch::new(&stream, &config, max)?;
 
         // Behind 50 ms of other work on the caller's stream: the call returns at once.
         let inputs = &p.inputs[0];
         let tile = rank.pipeline().fused_tile_for_tokens(inputs.tokens);
         let want = host_y(&mut rank, inputs, tile)?;
-        dev.fill(&stream, inputs)?;
+        dev.upload(inputs)?;
         // SAFETY: one thread, no buffers.
         unsafe {
             spin.launch(&stream, LaunchConfig::linear(1, 32))
@@ -147,13 +83,14 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
                 .launch()?
         };
         let clock = Instant::now();
-        // SAFETY: the buffers hold `inputs` on this GPU and live until the stream is done.
-        unsafe { rank.forward_device(&stream, &dev.io(&stream, inputs.tokens, false))? };
+        // SAFETY: the buffers hold `inputs` on this GPU and live until the stream is done. (The
+        // raw layer: the stream as a CUstream.)
+        unsafe { rank.forward_device_raw(stream.cu_stream(), &dev.io(false))? };
         let queued = clock.elapsed();
         driver("synchronize", stream.synchronize())?;
         let done = clock.elapsed();
         rank.check_device_forward()?;
-        let got = dev.y(&stream, inputs.tokens, h)?;
+        let got = dev.y()?;
         eprintln!(
             "{what}: {compiled} fused kernels warm; forward_device returned after {:.1} us, the stream was done after {:.1} ms; {} of {} values differ from the host forward",
             queued.as_secs_f64() * 1e6,
@@ -168,13 +105,13 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
         // One graph, captured with T read from the device, replayed on three inputs and T.
         let bound = max;
         let tile = rank.pipeline().fused_tile_for_tokens(bound);
-        dev.fill(&stream, inputs)?;
+        dev.upload(inputs)?;
         driver(
             "begin_capture",
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
         )?;
         // SAFETY: as above; the graph reads the same buffers at every replay.
-        let queued = unsafe { rank.forward_device(&stream, &dev.io(&stream, bound, true)) };
+        let queued = unsafe { rank.forward_device(&stream, &dev.io(true)) };
         let graph = driver("end_capture", stream.end_capture(sys::CUgraphInstantiate_flags(0)))?
             .expect("a captured graph");
         queued?;
@@ -184,11 +121,11 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
             truncate(&p.inputs[0], &config, 7),
         ];
         for case in &cases {
-            dev.fill(&stream, case)?;
+            dev.upload(case)?;
             driver("graph launch", graph.launch())?;
             driver("synchronize", stream.synchronize())?;
             rank.check_device_forward()?;
-            let got = dev.y(&stream, case.tokens, h)?;
+            let got = dev.y()?;
             let want = host_y(&mut rank, case, tile)?;
             eprintln!(
                 "{what}: graph replay at T = {}: {} of {} values differ from the eager forward",
@@ -199,7 +136,7 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
             assert_eq!(same_bits(&got, &want), 0, "{what}: replay at T = {}", case.tokens);
         }
         // A device T above the bound the graph was captured for is refused, and the next works.
-        driver("memcpy_htod", stream.memcpy_htod(&[bound as i32 + 1], &mut dev.tokens_dev))?;
+        dev.set_tokens(bound as i32 + 1)?;
         driver("graph launch", graph.launch())?;
         driver("synchronize", stream.synchronize())?;
         match rank.check_device_forward() {
@@ -208,12 +145,12 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
             }
             other => panic!("{what}: a device T past the bound gave {other:?}"),
         }
-        dev.fill(&stream, &cases[1])?;
+        dev.upload(&cases[1])?;
         driver("graph launch", graph.launch())?;
         driver("synchronize", stream.synchronize())?;
         rank.check_device_forward()?;
         let want = host_y(&mut rank, &cases[1], tile)?;
-        assert_eq!(same_bits(&dev.y(&stream, cases[1].tokens, h)?, &want), 0, "{what}: after the refusal");
+        assert_eq!(same_bits(&dev.y()?, &want), 0, "{what}: after the refusal");
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{what}: {e:?}"));
