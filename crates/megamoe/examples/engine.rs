@@ -52,17 +52,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .into();
     let weights = &batches[0].weights;
     let steps: [(usize, usize); 4] = [(0, MAX_TOKENS), (1, 7), (0, 1), (1, 100)];
-    let inputs = |b: usize, t: usize, r: usize| -> RankInputs {
-        let x = &batches[b].inputs[r];
-        let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
-        RankInputs {
-            tokens: t,
-            x: x.x[..t * h].to_vec(),
-            x_sf: x.x_sf[..t * h / g].to_vec(),
-            topk_idx: x.topk_idx[..t * k].to_vec(),
-            topk_weights: x.topk_weights[..t * k].to_vec(),
-        }
-    };
+    let inputs = |b: usize, t: usize, r: usize| batches[b].inputs[r].first(&config, t);
 
     let ys = run_local(placement, |world| {
         let r = world.rank();

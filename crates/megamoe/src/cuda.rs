@@ -48,6 +48,13 @@ pub const PROCESS_DEADLINE: Duration = Duration::from_secs(3600);
 /// Stage marks of one forward: around dispatch, the GEMM stages and combine send, combine reduce.
 const FORWARD_MARKS: usize = 9;
 
+/// The time since `clock`, which restarts.
+fn lap(clock: &mut Instant) -> Duration {
+    let d = clock.elapsed();
+    *clock = Instant::now();
+    d
+}
+
 /// Which kernels a forward runs: the unfused pipeline (a launch per stage, the plan on the host
 /// from the counts every rank exchanges) or the fused kernel (one persistent launch per forward,
 /// the plan on the device: `megamoe_kernel::fused`). Both give the same bits when they run the
@@ -546,11 +553,6 @@ impl<'w> CudaRank<'w> {
         let me = world.rank();
         let mut times = StageTimes::default();
         let mut clock = Instant::now();
-        let lap = |clock: &mut Instant| {
-            let d = clock.elapsed();
-            *clock = Instant::now();
-            d
-        };
         let tile = match &counts {
             Ok(c) => {
                 let tile = self
@@ -607,11 +609,6 @@ impl<'w> CudaRank<'w> {
         let me = world.rank();
         let mut times = StageTimes::default();
         let mut clock = Instant::now();
-        let lap = |clock: &mut Instant| {
-            let d = clock.elapsed();
-            *clock = Instant::now();
-            d
-        };
         let payload = match &counts {
             Ok(c) => [&[0u8][..], bytemuck::cast_slice(c)].concat(),
             Err(_) => vec![1u8],

@@ -244,6 +244,19 @@ impl RankWeights {
 }
 
 impl RankInputs {
+    /// The first `t` tokens (at most T) of these inputs of `config`'s shape.
+    pub fn first(&self, config: &Config, t: usize) -> RankInputs {
+        let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
+        let t = t.min(self.tokens);
+        RankInputs {
+            tokens: t,
+            x: self.x[..t * h].to_vec(),
+            x_sf: self.x_sf[..t * h / g].to_vec(),
+            topk_idx: self.topk_idx[..t * k].to_vec(),
+            topk_weights: self.topk_weights[..t * k].to_vec(),
+        }
+    }
+
     /// Checks sizes against `config`, NaN codes and scales, non-finite dequantized values,
     /// expert ids in −1..E and finite top-k weights.
     pub fn validate(&self, config: &Config) -> Result<(), ProblemError> {

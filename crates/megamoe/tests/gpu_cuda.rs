@@ -24,44 +24,10 @@ use megamoe_problems::check::calc_diff;
 use megamoe_problems::generate::{self, GenOptions};
 use megamoe_problems::reference;
 use symm_mem::World;
+
+mod common;
+use common::{ROUTES, TOL, problem, skew, tol};
 use symm_mem::world::{is_test_rank, spawn_test_ranks};
-
-const TOL: f64 = 1e-5;
-/// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
-/// SwiGLU's re-quantization turns the GEMM's 5e-7 into 1–3e-5 on V4 shapes; a token whose group
-/// amax sits at a power-of-two boundary re-quantizes its whole group at the other scale (up to 1e-3
-/// for that token): tiny, where one group spans all of I, measured 1.35e-4 at T = 8192 and 3.3e-4
-/// on the demo's problem (H200, 2026-11-30). Routing or layout errors land near 1.
-const FP8_TOL: f64 = 1e-3;
-
-/// Every (recipe, routes) of the pipeline.
-const ROUTES: [(Recipe, Routes); 4] = [
-    (Recipe::Mx32, Routes::EXACT),
-    (Recipe::G128, Routes::EXACT),
-    (Recipe::G128, Routes::EXACT_L1),
-    (Recipe::G128, Routes::both(Mma::Fp8)),
-];
-
-/// The acceptance bound of a route: the contract's, unless the L1 (whose output is re-quantized)
-/// goes through FP8; an FP8 L2 is held to the contract's bound.
-fn tol(routes: Routes) -> f64 {
-    match routes.l1 {
-        Mma::Bf16 => TOL,
-        Mma::Fp8 => FP8_TOL,
-    }
-}
-
-/// The first `t` tokens of `inputs`.
-fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
-    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
-    RankInputs {
-        tokens: t,
-        x: inputs.x[..t * h].to_vec(),
-        x_sf: inputs.x_sf[..t * h / g].to_vec(),
-        topk_idx: inputs.topk_idx[..t * k].to_vec(),
-        topk_weights: inputs.topk_weights[..t * k].to_vec(),
-    }
-}
 
 /// The tokens `picked` of `inputs`, in that order.
 fn select(inputs: &RankInputs, config: &Config, picked: &[usize]) -> RankInputs {
@@ -87,15 +53,6 @@ fn select(inputs: &RankInputs, config: &Config, picked: &[usize]) -> RankInputs 
     }
 }
 
-fn problem(config: Config, tokens: usize, seed: u64, mask: f64) -> Problem {
-    generate::problem(&GenOptions {
-        config,
-        tokens,
-        seed,
-        mask_fraction: mask,
-    })
-}
-
 /// Tiny two-rank problems of every route, skewed (`skew`), named "tiny skewed ROUTE `what`".
 fn tiny_skewed_two_ranks(
     tokens: usize,
@@ -112,24 +69,6 @@ fn tiny_skewed_two_ranks(
             (format!("tiny skewed {recipe}/{routes} {what}"), p, routes)
         })
         .collect()
-}
-
-/// Routes most slots of most tokens to experts of the last rank (expert E−1−j for slot j), and
-/// masks every slot of token 3.
-fn skew(problem: &mut Problem) {
-    let (k, e) = (problem.config.top_k, problem.config.num_experts);
-    for x in &mut problem.inputs {
-        for t in 0..x.tokens {
-            for j in 0..k {
-                let slot = &mut x.topk_idx[t * k + j];
-                if t == 3 {
-                    *slot = -1;
-                } else if t % 5 != 0 && *slot >= 0 {
-                    *slot = (e - 1 - j % e) as i64;
-                }
-            }
-        }
-    }
 }
 
 /// Rank `r`'s y checked against the reference at calc_diff ≤ `tol`.
@@ -204,7 +143,7 @@ fn cases(problem: &Problem, token_counts: &[usize]) -> Vec<Vec<RankInputs>> {
             problem
                 .inputs
                 .iter()
-                .map(|x| truncate(x, &problem.config, t.min(x.tokens)))
+                .map(|x| x.first(&problem.config, t))
                 .collect()
         })
         .collect()
@@ -370,11 +309,7 @@ fn run_sweep_processes(
 /// that is the same as the full reference restricted to them.
 fn run_sampled(what: &str, problem: &Problem, routes: Routes, t: usize, stride: usize) {
     let config = &problem.config;
-    let inputs: Vec<RankInputs> = problem
-        .inputs
-        .iter()
-        .map(|x| truncate(x, config, t.min(x.tokens)))
-        .collect();
+    let inputs: Vec<RankInputs> = problem.inputs.iter().map(|x| x.first(config, t)).collect();
     let got = run_local(Placement::one_gpu_per_rank(config.num_ranks), |world| {
         let r = world.rank();
         let mut rank = CudaRank::new(world, config, t, routes, &problem.weights[r])?;
@@ -633,7 +568,7 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
         );
         // Rank 0 without tokens: it only serves rank 1's tokens.
         let mut p = problem(config, 64, 23, 0.1);
-        p.inputs[0] = truncate(&p.inputs[0], &config, 0);
+        p.inputs[0] = p.inputs[0].first(&config, 0);
         run_sweep(
             &format!("tiny rank 0 empty {recipe}/{routes} R=2"),
             &p,
@@ -736,7 +671,7 @@ fn ranks_sharing_one_gpu_every_route() {
         let what = format!("tiny skewed {recipe}/{routes} R=4 on one GPU");
         run_sweep_placed(&what, &p, routes, &[96, 7], Placement::one_gpu(4));
         let mut p = problem(config.with_ranks(8), 64, 73, 0.1);
-        p.inputs[5] = truncate(&p.inputs[5], &config, 0);
+        p.inputs[5] = p.inputs[5].first(&config, 0);
         let what = format!("tiny rank 5 empty {recipe}/{routes} R=8 on one GPU");
         run_sweep_placed(&what, &p, routes, &[64, 1], Placement::one_gpu(8));
     }
@@ -922,7 +857,7 @@ fn after_warm_up_no_forward_compiles() {
             "{cores} cores"
         );
         for t in [1, 30, 128, 1000, 8192] {
-            let inputs = truncate(&p.inputs[0], &config, t);
+            let inputs = p.inputs[0].first(&config, t);
             rank.poison()?;
             let (y, _) = rank.forward(&inputs)?;
             assert_eq!(

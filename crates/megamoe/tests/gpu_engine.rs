@@ -11,10 +11,12 @@ use cuda_rt::cudarc::driver::{DriverError, sys};
 use cuda_rt::{Arch, KernelSpec, LaunchConfig};
 use fp_formats::bf16;
 use megamoe::cuda::{CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, run_local};
-use megamoe::{Config, Problem, RankInputs, Recipe};
+use megamoe::{Config, RankInputs, Recipe};
 use megamoe_kernel::unfused::UnfusedError;
 use megamoe_kernel::{Mma, Routes};
-use megamoe_problems::generate::{self, GenOptions};
+
+mod common;
+use common::problem;
 
 const SPIN: (&str, &str) = (
     "spin.cu",
@@ -28,15 +30,6 @@ const SPIN: (&str, &str) = (
 /// A cudarc call's error as the backend's.
 fn driver<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, CudaError> {
     r.map_err(|source| cuda_rt::Error::Driver { call, source }.into())
-}
-
-fn problem(config: Config, tokens: usize, seed: u64) -> Problem {
-    generate::problem(&GenOptions {
-        config,
-        tokens,
-        seed,
-        mask_fraction: 0.1,
-    })
 }
 
 fn same_bits(a: &[bf16], b: &[bf16]) -> usize {
@@ -56,8 +49,8 @@ fn host_y(rank: &mut CudaRank, inputs: &RankInputs, tile: usize) -> Result<Vec<b
 }
 
 fn engine_case(config: Config, routes: Routes, max: usize) {
-    let p = problem(config, max, 111);
-    let q = problem(config, max, 112);
+    let p = problem(config, max, 111, 0.1);
+    let q = problem(config, max, 112, 0.1);
     let spin_spec = KernelSpec::new("megamoe/tests/spin", SPIN).arches(&[Arch::Sm90a]);
     let what = format!("{}/{routes}", config.recipe);
     run_local(Placement::one_gpu(1), |world| {
@@ -117,8 +110,8 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
         queued?;
         let cases = [
             inputs.clone(),
-            truncate(&q.inputs[0], &config, max / 2),
-            truncate(&p.inputs[0], &config, 7),
+            q.inputs[0].first(&config, max / 2),
+            p.inputs[0].first(&config, 7),
         ];
         for case in &cases {
             dev.upload(case)?;
@@ -154,18 +147,6 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{what}: {e:?}"));
-}
-
-/// The first `t` tokens of `inputs`.
-fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
-    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
-    RankInputs {
-        tokens: t,
-        x: inputs.x[..t * h].to_vec(),
-        x_sf: inputs.x_sf[..t * h / g].to_vec(),
-        topk_idx: inputs.topk_idx[..t * k].to_vec(),
-        topk_weights: inputs.topk_weights[..t * k].to_vec(),
-    }
 }
 
 #[test]

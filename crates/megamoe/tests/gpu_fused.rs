@@ -11,64 +11,11 @@ use megamoe::cuda::{CudaError, CudaRank, ForwardPath, Placement, run_local};
 use megamoe::{Config, Problem, RankInputs, Recipe};
 use megamoe_kernel::{Mma, Routes};
 use megamoe_problems::check::calc_diff;
-use megamoe_problems::generate::{self, GenOptions};
 use megamoe_problems::reference;
 use symm_mem::World;
 
-/// Every (recipe, routes) of the pipeline.
-const ROUTES: [(Recipe, Routes); 4] = [
-    (Recipe::Mx32, Routes::EXACT),
-    (Recipe::G128, Routes::EXACT),
-    (Recipe::G128, Routes::EXACT_L1),
-    (Recipe::G128, Routes::both(Mma::Fp8)),
-];
-
-/// The acceptance bound against the reference: the contract's, or the FP8 route's documented one
-/// when the L1 goes through FP8 (gpu_cuda.rs says why).
-fn tol(routes: Routes) -> f64 {
-    match routes.l1 {
-        Mma::Bf16 => 1e-5,
-        Mma::Fp8 => 1e-3,
-    }
-}
-
-fn problem(config: Config, tokens: usize, seed: u64, mask: f64) -> Problem {
-    generate::problem(&GenOptions {
-        config,
-        tokens,
-        seed,
-        mask_fraction: mask,
-    })
-}
-
-/// The first `t` tokens of `inputs`.
-fn truncate(inputs: &RankInputs, config: &Config, t: usize) -> RankInputs {
-    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
-    RankInputs {
-        tokens: t,
-        x: inputs.x[..t * h].to_vec(),
-        x_sf: inputs.x_sf[..t * h / g].to_vec(),
-        topk_idx: inputs.topk_idx[..t * k].to_vec(),
-        topk_weights: inputs.topk_weights[..t * k].to_vec(),
-    }
-}
-
-/// Most slots of most tokens to experts of the last rank, every slot of token 3 masked.
-fn skew(problem: &mut Problem) {
-    let (k, e) = (problem.config.top_k, problem.config.num_experts);
-    for x in &mut problem.inputs {
-        for t in 0..x.tokens {
-            for j in 0..k {
-                let slot = &mut x.topk_idx[t * k + j];
-                if t == 3 {
-                    *slot = -1;
-                } else if t % 5 != 0 && *slot >= 0 {
-                    *slot = (e - 1 - j % e) as i64;
-                }
-            }
-        }
-    }
-}
+mod common;
+use common::{ROUTES, problem, skew, tol};
 
 fn differing(a: &[bf16], b: &[bf16]) -> usize {
     a.iter()
@@ -159,13 +106,7 @@ fn run_cases(
     let config = &problem.config;
     let cases: Vec<Vec<RankInputs>> = token_counts
         .iter()
-        .map(|&t| {
-            problem
-                .inputs
-                .iter()
-                .map(|x| truncate(x, config, t.min(x.tokens)))
-                .collect()
-        })
+        .map(|&t| problem.inputs.iter().map(|x| x.first(config, t)).collect())
         .collect();
     let got = run_local(placement, |world| {
         fused_rank(what, world, problem, routes, &cases)
@@ -305,7 +246,7 @@ fn sharing_one_gpu(ranks: usize) {
             }
             _ => {
                 let mut p = problem(config, 64, 99, 0.1);
-                p.inputs[5] = truncate(&p.inputs[5], &config, 0);
+                p.inputs[5] = p.inputs[5].first(&config, 0);
                 run_cases(&what, &p, routes, &[64, 1], Placement::one_gpu(ranks), true);
             }
         }

@@ -1,0 +1,59 @@
+//! What the GPU tests of the facade share: the routes they sweep and each route's bound against
+//! the reference, their generated problems and the skewed routing.
+#![allow(dead_code)] // each test binary uses its own part
+
+use megamoe::{Config, Problem, Recipe};
+use megamoe_kernel::{Mma, Routes};
+use megamoe_problems::generate::{self, GenOptions};
+
+pub const TOL: f64 = 1e-5;
+/// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
+/// SwiGLU's re-quantization turns the GEMM's 5e-7 into 1–3e-5 on V4 shapes; a token whose group
+/// amax sits at a power-of-two boundary re-quantizes its whole group at the other scale (up to 1e-3
+/// for that token): tiny, where one group spans all of I, measured 1.35e-4 at T = 8192 and 3.3e-4
+/// on the demo's problem (H200, 2026-11-30). Routing or layout errors land near 1.
+pub const FP8_TOL: f64 = 1e-3;
+
+/// Every (recipe, routes) of the pipeline.
+pub const ROUTES: [(Recipe, Routes); 4] = [
+    (Recipe::Mx32, Routes::EXACT),
+    (Recipe::G128, Routes::EXACT),
+    (Recipe::G128, Routes::EXACT_L1),
+    (Recipe::G128, Routes::both(Mma::Fp8)),
+];
+
+/// The acceptance bound of a route: the contract's, unless the L1 (whose output is re-quantized)
+/// goes through FP8; an FP8 L2 is held to the contract's bound.
+pub fn tol(routes: Routes) -> f64 {
+    match routes.l1 {
+        Mma::Bf16 => TOL,
+        Mma::Fp8 => FP8_TOL,
+    }
+}
+
+pub fn problem(config: Config, tokens: usize, seed: u64, mask: f64) -> Problem {
+    generate::problem(&GenOptions {
+        config,
+        tokens,
+        seed,
+        mask_fraction: mask,
+    })
+}
+
+/// Routes most slots of most tokens to experts of the last rank (expert E−1−j for slot j), and
+/// masks every slot of token 3.
+pub fn skew(problem: &mut Problem) {
+    let (k, e) = (problem.config.top_k, problem.config.num_experts);
+    for x in &mut problem.inputs {
+        for t in 0..x.tokens {
+            for j in 0..k {
+                let slot = &mut x.topk_idx[t * k + j];
+                if t == 3 {
+                    *slot = -1;
+                } else if t % 5 != 0 && *slot >= 0 {
+                    *slot = (e - 1 - j % e) as i64;
+                }
+            }
+        }
+    }
+}
