@@ -2,11 +2,12 @@
 //! stage of a [`Pipeline`] — count, plan, route, dispatch, L1, SwiGLU, L2, combine — with the same
 //! device functions and on the same buffers as the unfused launches, so the two are bitwise equal
 //! when they run the same GEMM tiles. The plan is made on the device (no host round trip, no
-//! counts exchange): the host uploads the inputs and queues one kernel.
+//! counts exchange): a forward is one launch.
 //!
 //! [`FusedCore`] is one compiled specialization (the two layers' [`TilePlan`]s, the recipe's
 //! group) with its persistent grid and the workspace its waits use; [`Pipeline::forward_fused`]
-//! queues a forward on it.
+//! queues a forward of the inputs the pipeline uploaded, [`Pipeline::forward_fused_on`] one of an
+//! engine's device buffers ([`DeviceIo`]) on the engine's stream, capturable in a CUDA graph.
 
 use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
@@ -252,18 +253,22 @@ impl FusedCore {
 }
 
 impl Pipeline {
-    /// The tokens per tile a fused forward of this rank's last inputs picks without the other
-    /// ranks' counts: the tile for experts of `R ×` this rank's average rows per expert it routes
-    /// to (at R = 1 the unfused forward's choice exactly).
-    pub fn fused_tokens_per_tile(&self, counts: &[u32]) -> usize {
-        let hit = counts.iter().filter(|&&c| c > 0).count();
-        let rows: u64 = counts.iter().map(|&c| u64::from(c)).sum();
-        let avg = if hit == 0 {
-            0.0
-        } else {
-            rows as f64 / hit as f64 * self.shape.num_ranks as f64
+    /// The GEMM tile a fused forward of `tokens` tokens of this rank picks without the other
+    /// ranks' counts: the tile for experts of `R ×` the rows per expert this rank routes — over
+    /// the experts it hits, from its own `counts` per global expert when the host has them (at
+    /// R = 1 the unfused forward's choice exactly), else uniform routing's `T · k / E` (the
+    /// engine's device forward, where only T is known).
+    pub fn fused_tile(&self, tokens: usize, counts: Option<&[u32]>) -> usize {
+        let s = &self.shape;
+        let per_expert = match counts {
+            Some(c) => {
+                let hit = c.iter().filter(|&&n| n > 0).count().max(1);
+                let rows: u64 = c.iter().map(|&n| u64::from(n)).sum();
+                rows as f64 / hit as f64 * s.num_ranks as f64
+            }
+            None => ((s.num_ranks * tokens * s.top_k) as f64 / s.num_experts as f64).max(1.0),
         };
-        TilePlan::tokens_per_tile_for(avg)
+        TilePlan::tokens_per_tile_for(per_expert)
     }
 
     /// Compiles, once, the fused kernel for `tokens_per_tile`.
@@ -338,18 +343,10 @@ impl Pipeline {
         unsafe { self.queue_fused(gpu, stream, &io, tokens_per_tile, stage_clock) }
     }
 
-    /// The GEMM tile a fused forward of `tokens` tokens per rank takes when only T is known (the
-    /// engine's device forward): the tile for `R · T · k / E` rows per expert, uniform routing's.
-    pub fn fused_tile_for_tokens(&self, tokens: usize) -> usize {
-        let s = &self.shape;
-        let rows = (s.num_ranks * tokens * s.top_k) as f64 / s.num_experts as f64;
-        TilePlan::tokens_per_tile_for(rows.max(1.0))
-    }
-
     /// Collective, queued on `stream` (the caller's, of this pipeline's GPU): the fused forward of
     /// inputs already on the device into `io.y`, with no allocation, no host-device copy and no
     /// host synchronization — a memset of the plan's error words and one launch, which a CUDA graph
-    /// can capture. The tile is `fused_tile_for_tokens(io.tokens)`; its kernel must be compiled
+    /// can capture. The tile is `fused_tile(io.tokens, None)`; its kernel must be compiled
     /// ([`Pipeline::warm_up_fused`]), else this compiles it first. After `stream` is done,
     /// [`Pipeline::check_errors`] reports what the device refused (ids out of range, a device T
     /// above `io.tokens`, capacity) or a rank that did not arrive.
@@ -371,7 +368,7 @@ impl Pipeline {
                 max: self.shape.max_tokens,
             });
         }
-        let tile = self.fused_tile_for_tokens(io.tokens as usize);
+        let tile = self.fused_tile(io.tokens as usize, None);
         self.prepare_fused(gpu, jit, tile)?;
         self.tokens = Some(io.tokens as usize);
         self.launched.clear();

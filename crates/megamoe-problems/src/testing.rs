@@ -1,5 +1,5 @@
 //! Helpers for the tests of the crates that run problems: temporary directories, small generated
-//! problems and re-splitting one global problem over a different number of ranks.
+//! problems, skewed routing and re-splitting one global problem over a different number of ranks.
 
 use crate::generate::{self, GenOptions};
 use megamoe::{Config, Problem, RankInputs, RankWeights, Recipe};
@@ -49,6 +49,35 @@ pub fn tiny_problem(
     mask_fraction: f64,
 ) -> Problem {
     generate::problem(&tiny_opts(ranks, tokens, recipe, clamp, mask_fraction))
+}
+
+/// A generated problem of `config`: `tokens` per rank from `seed`, `mask_fraction` of the slots
+/// masked.
+pub fn generated_problem(config: Config, tokens: usize, seed: u64, mask_fraction: f64) -> Problem {
+    generate::problem(&GenOptions {
+        config,
+        tokens,
+        seed,
+        mask_fraction,
+    })
+}
+
+/// Routes most slots of most tokens to experts of the last rank (expert E−1−j for slot j), and
+/// masks every slot of token 3: one owner gets most rows, some tokens none.
+pub fn skew(problem: &mut Problem) {
+    let (k, e) = (problem.config.top_k, problem.config.num_experts);
+    for x in &mut problem.inputs {
+        for t in 0..x.tokens {
+            for j in 0..k {
+                let slot = &mut x.topk_idx[t * k + j];
+                if t == 3 {
+                    *slot = -1;
+                } else if t % 5 != 0 && *slot >= 0 {
+                    *slot = (e - 1 - j % e) as i64;
+                }
+            }
+        }
+    }
 }
 
 /// Splits `v` into `parts` equal pieces.

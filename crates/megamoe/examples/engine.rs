@@ -9,7 +9,7 @@
 use std::error::Error;
 
 use cuda_rt::cudarc::driver::sys;
-use megamoe::cuda::{CudaError, CudaRank, DeviceBatch, Placement, run_local};
+use megamoe::cuda::{CudaRank, DeviceBatch, Placement, driver, run_local};
 use megamoe::{Config, RankInputs, Recipe};
 use megamoe_kernel::{Mma, Routes};
 use megamoe_problems::check::calc_diff;
@@ -17,13 +17,6 @@ use megamoe_problems::generate::{self, GenOptions};
 use megamoe_problems::reference;
 
 const MAX_TOKENS: usize = 256;
-
-fn cuda<T>(
-    call: &'static str,
-    r: Result<T, cuda_rt::cudarc::driver::DriverError>,
-) -> Result<T, CudaError> {
-    r.map_err(|source| cuda_rt::Error::Driver { call, source }.into())
-}
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -58,7 +51,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let r = world.rank();
         let mut rank = CudaRank::new(world, &config, MAX_TOKENS, routes, &weights[r])?;
         let kernels = rank.warm_up_fused()?;
-        let stream = cuda(
+        let stream = driver(
             "new_stream",
             world.local_gpu().stream().context().new_stream(),
         )?;
@@ -74,13 +67,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             ys.push(y);
         }
         // One graph for every T: captured once, replayed with new contents in the same buffers.
-        cuda(
+        driver(
             "begin_capture",
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
         )?;
         // SAFETY: as above; the graph reads the same buffers at every replay.
         let captured = unsafe { rank.forward_device(&stream, &batch.io(true)) };
-        let graph = cuda(
+        let graph = driver(
             "end_capture",
             stream.end_capture(sys::CUgraphInstantiate_flags(0)),
         )?
@@ -88,7 +81,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         captured?;
         for &(b, t) in &steps {
             batch.upload(&inputs(b, t, r))?;
-            cuda("cuGraphLaunch", graph.launch())?;
+            driver("cuGraphLaunch", graph.launch())?;
             let y = batch.y()?;
             rank.check_device_forward()?;
             ys.push(y);

@@ -1,6 +1,10 @@
-//! The CUDA backend: the unfused pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM →
-//! SwiGLU + re-quantization → L2 GEMM → combine, one launch each) on R local GPUs, one rank per
-//! GPU, in either world of `symm_mem`:
+//! The CUDA backend, one rank's handle ([`CudaRank`]) on either [`ForwardPath`]: the unfused
+//! pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM → SwiGLU + re-quantization → L2 GEMM
+//! → combine, one launch each, the plan on the host) or the fused kernel of
+//! `megamoe_kernel::fused` (one launch, the plan on the device); and the engine's device forward
+//! ([`CudaRank::forward_device`]: [`DeviceIo`] addresses, the caller's stream, no host
+//! synchronization; [`DeviceBatch`] holds a batch in device buffers). Ranks run on R local GPUs,
+//! one per GPU or several sharing one ([`Placement`]), in either world of `symm_mem`:
 //!
 //! - **local** ([`run_local`], [`forward`]): one process, one thread per rank over
 //!   [`World::local`];
@@ -8,7 +12,7 @@
 //!   per rank over [`World::from_env`], each holding only its own rank's weights and inputs
 //!   ([`forward_rank`]).
 //!
-//! Each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
+//! The unfused path, host to host: each rank allocates the buffers peers write into (L1 pool, its scales and row metadata, the
 //! combine buffer, the barrier's signals) as one symmetric buffer with [`World::alloc_symmetric`] and hands every rank's
 //! base, as mapped in its process, to the pipeline; no address is exchanged. The ranks exchange
 //! expert counts per forward with `all_gather` (the host plans the pools from them and refuses an
@@ -16,7 +20,7 @@
 //! synchronization every stage is then queued at once (each pair's pool row is found on the
 //! device), and after each stage that writes into a
 //! peer's memory (dispatch, combine send) the ranks meet on the device (`Pipeline::rank_barrier`,
-//! which times out into an error that the forward returns). The GEMMs' tensor-core route ([`Mma`]) is the
+//! which times out into an error that the forward returns). The GEMMs' tensor-core route ([`Mma`](megamoe_kernel::Mma)) is the
 //! caller's choice: BF16 is exact for both recipes (accepted at calc_diff ≤ 1e-5, DESIGN §1;
 //! bit-exact on the H200 so far); FP8 (g128 only) is faster but accumulates with Hopper's FP8
 //! tensor core.
@@ -32,7 +36,7 @@ use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
 mod batch;
 
-pub use batch::DeviceBatch;
+pub use batch::{DeviceBatch, driver};
 pub use megamoe_kernel::fused::DeviceIo;
 use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
 use megamoe_kernel::{Routes, transform_weights};
@@ -395,7 +399,7 @@ impl<'w> CudaRank<'w> {
     }
 
     /// The fused forward's tokens per tile: `None` (the default) picks it from this rank's own
-    /// counts (`Pipeline::fused_tokens_per_tile`); a tile fixes it, e.g. the unfused forward's
+    /// counts (`Pipeline::fused_tile`); a tile fixes it, e.g. the unfused forward's
     /// choice, which makes the two bitwise equal.
     pub fn set_fused_tile(&mut self, tokens_per_tile: Option<usize>) {
         self.fused_tile = tokens_per_tile;
@@ -557,7 +561,7 @@ impl<'w> CudaRank<'w> {
             Ok(c) => {
                 let tile = self
                     .fused_tile
-                    .unwrap_or_else(|| self.pipe.fused_tokens_per_tile(c));
+                    .unwrap_or_else(|| self.pipe.fused_tile(0, Some(c)));
                 self.pipe
                     .prepare_fused(gpu, &self.jit, tile)
                     .map(|()| tile)

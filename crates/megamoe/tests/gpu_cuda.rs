@@ -26,7 +26,8 @@ use megamoe_problems::reference;
 use symm_mem::World;
 
 mod common;
-use common::{ROUTES, TOL, problem, skew, tol};
+use common::{ROUTES, TOL, tol};
+use megamoe_problems::testing::{generated_problem, skew};
 use symm_mem::world::{is_test_rank, spawn_test_ranks};
 
 /// The tokens `picked` of `inputs`, in that order.
@@ -64,7 +65,7 @@ fn tiny_skewed_two_ranks(
         .into_iter()
         .map(|(recipe, routes)| {
             let config = Config::tiny().with_recipe(recipe).with_ranks(2);
-            let mut p = problem(config, tokens, seed, mask);
+            let mut p = generated_problem(config, tokens, seed, mask);
             skew(&mut p);
             (format!("tiny skewed {recipe}/{routes} {what}"), p, routes)
         })
@@ -377,7 +378,7 @@ fn v4_pro_shape(experts: usize) -> Config {
 fn tiny_one_gpu_token_sweep_every_route() {
     for (recipe, routes) in ROUTES {
         let config = Config::tiny().with_recipe(recipe);
-        let p = problem(config, 128, 11, 0.25);
+        let p = generated_problem(config, 128, 11, 0.25);
         run_sweep(
             &format!("tiny {recipe}/{routes} R=1"),
             &p,
@@ -394,7 +395,7 @@ fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
     for clamp in [0.5, 0.3] {
         for (recipe, routes) in ROUTES {
             let config = Config::tiny().with_recipe(recipe).with_clamp(Some(clamp));
-            let mut p = problem(config, 128, 12, 0.1);
+            let mut p = generated_problem(config, 128, 12, 0.1);
             skew(&mut p);
             run_sweep(
                 &format!("tiny skewed clamp {clamp} {recipe}/{routes} R=1"),
@@ -410,7 +411,7 @@ fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
 #[ignore = "needs a CUDA GPU"]
 fn v4_flash_shape_one_gpu() {
     for (recipe, routes) in ROUTES {
-        let p = problem(v4_flash_shape(16).with_recipe(recipe), 7, 13, 0.2);
+        let p = generated_problem(v4_flash_shape(16).with_recipe(recipe), 7, 13, 0.2);
         run_sweep(
             &format!("v4-flash shape (16 experts) {recipe}/{routes} R=1"),
             &p,
@@ -424,7 +425,7 @@ fn v4_flash_shape_one_gpu() {
 #[ignore = "needs a CUDA GPU"]
 fn v4_pro_shape_one_gpu() {
     for (recipe, routes) in ROUTES {
-        let p = problem(v4_pro_shape(8).with_recipe(recipe), 7, 14, 0.1);
+        let p = generated_problem(v4_pro_shape(8).with_recipe(recipe), 7, 14, 0.1);
         run_sweep(
             &format!("v4-pro shape (8 experts) {recipe}/{routes} R=1"),
             &p,
@@ -445,7 +446,8 @@ fn large_t_every_preset_shape_one_and_two_gpus() {
                 ("v4-flash shape (16 experts)", v4_flash_shape(16)),
                 ("v4-pro shape (8 experts)", v4_pro_shape(8)),
             ] {
-                let p = problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 41, 0.05);
+                let p =
+                    generated_problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 41, 0.05);
                 for routes in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
                     for (t, stride) in [(1000, 37), (8192, 331)] {
                         let what = format!("{name} {recipe}/{routes} R={ranks}");
@@ -478,7 +480,8 @@ fn every_gpu_ep_world_v4_shapes() {
             ("v4-flash shape", v4_flash_shape(8 * ranks)),
             ("v4-pro shape", v4_pro_shape(8 * ranks)),
         ] {
-            let mut p = problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 51, 0.05);
+            let mut p =
+                generated_problem(config.with_recipe(recipe).with_ranks(ranks), 8192, 51, 0.05);
             skew(&mut p);
             for routes in ROUTES.iter().filter(|r| r.0 == recipe).map(|r| r.1) {
                 for (t, stride) in [(1, 1), (128, 9), (8192, 331)] {
@@ -516,7 +519,7 @@ fn every_gpu_ep_world_processes() {
                     let config = v4_flash_shape(8 * ranks)
                         .with_recipe(recipe)
                         .with_ranks(ranks);
-                    let mut p = problem(config, 128, 52, 0.1);
+                    let mut p = generated_problem(config, 128, 52, 0.1);
                     skew(&mut p);
                     (
                         format!("v4-flash shape {recipe}/{routes} EP{ranks} processes"),
@@ -537,7 +540,7 @@ fn tiny_two_gpus_token_sweep_every_route() {
     }
     for (recipe, routes) in ROUTES {
         let config = Config::tiny().with_recipe(recipe).with_ranks(2);
-        let p = problem(config, 128, 21, 0.25);
+        let p = generated_problem(config, 128, 21, 0.25);
         run_sweep(
             &format!("tiny {recipe}/{routes} R=2"),
             &p,
@@ -558,7 +561,7 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
             .with_recipe(recipe)
             .with_ranks(2)
             .with_clamp(Some(1.0));
-        let mut p = problem(config, 128, 22, 0.1);
+        let mut p = generated_problem(config, 128, 22, 0.1);
         skew(&mut p);
         run_sweep(
             &format!("tiny skewed {recipe}/{routes} R=2"),
@@ -567,7 +570,7 @@ fn two_gpus_skew_and_a_rank_without_tokens() {
             &[128, 7],
         );
         // Rank 0 without tokens: it only serves rank 1's tokens.
-        let mut p = problem(config, 64, 23, 0.1);
+        let mut p = generated_problem(config, 64, 23, 0.1);
         p.inputs[0] = p.inputs[0].first(&config, 0);
         run_sweep(
             &format!("tiny rank 0 empty {recipe}/{routes} R=2"),
@@ -585,7 +588,7 @@ fn v4_pro_shape_two_gpus() {
         return;
     }
     for (recipe, routes) in ROUTES {
-        let p = problem(
+        let p = generated_problem(
             v4_pro_shape(8).with_recipe(recipe).with_ranks(2),
             7,
             24,
@@ -623,7 +626,7 @@ fn v4_flash_shape_two_processes() {
                 let config = v4_flash_shape(16).with_recipe(recipe).with_ranks(2);
                 (
                     format!("v4-flash shape (16 experts) {recipe}/{routes} R=2 processes"),
-                    problem(config, 7, 42, 0.1),
+                    generated_problem(config, 7, 42, 0.1),
                     routes,
                 )
             })
@@ -635,7 +638,7 @@ fn v4_flash_shape_two_processes() {
 #[ignore = "needs a CUDA GPU"]
 fn capacity_overflow_and_token_overflow_are_refused() {
     let config = Config::tiny().with_recipe(Recipe::G128);
-    let p = problem(config, 32, 31, 0.0);
+    let p = generated_problem(config, 32, 31, 0.0);
     let errs = run_local(Placement::one_gpu_per_rank(1), |world| {
         let mut shape = megamoe::cuda::pipeline_shape(&p.config, 32, Mma::Fp8)?;
         shape.pool_rows = 16; // 64 routed pairs cannot fit
@@ -663,21 +666,21 @@ fn ranks_sharing_one_gpu_every_route() {
     // R = 4 with skewed routing, R = 8 (one expert each) with a rank without tokens.
     for (recipe, routes) in ROUTES {
         let config = Config::tiny().with_recipe(recipe);
-        let p = problem(config.with_ranks(2), 128, 71, 0.25);
+        let p = generated_problem(config.with_ranks(2), 128, 71, 0.25);
         let what = format!("tiny {recipe}/{routes} R=2 on one GPU");
         run_sweep_placed(&what, &p, routes, &[128, 7, 1, 0], Placement::one_gpu(2));
-        let mut p = problem(config.with_ranks(4).with_clamp(Some(1.0)), 96, 72, 0.1);
+        let mut p = generated_problem(config.with_ranks(4).with_clamp(Some(1.0)), 96, 72, 0.1);
         skew(&mut p);
         let what = format!("tiny skewed {recipe}/{routes} R=4 on one GPU");
         run_sweep_placed(&what, &p, routes, &[96, 7], Placement::one_gpu(4));
-        let mut p = problem(config.with_ranks(8), 64, 73, 0.1);
+        let mut p = generated_problem(config.with_ranks(8), 64, 73, 0.1);
         p.inputs[5] = p.inputs[5].first(&config, 0);
         let what = format!("tiny rank 5 empty {recipe}/{routes} R=8 on one GPU");
         run_sweep_placed(&what, &p, routes, &[64, 1], Placement::one_gpu(8));
     }
     // Four ranks of V4-Flash's per-rank shape (4 experts each) on one GPU.
     for (recipe, routes) in ROUTES {
-        let p = problem(
+        let p = generated_problem(
             v4_flash_shape(16).with_recipe(recipe).with_ranks(4),
             128,
             74,
@@ -717,7 +720,7 @@ fn a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on() {
     if is_test_rank(TEST) {
         let env = symm_mem::ProcessEnv::from_env().expect("a rank's variables");
         let config = Config::tiny().with_ranks(2);
-        let p = problem(config, 64, 81, 0.1);
+        let p = generated_problem(config, 64, 81, 0.1);
         let world = World::from_process_env(&env).expect("the two-rank world");
         let r = world.rank();
         let mut rank = CudaRank::new(&world, &config, 64, Routes::EXACT, &p.weights[r])
@@ -773,7 +776,7 @@ fn a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on() {
         };
         let world = World::from_process_env(&survivor_env).expect("a world of the survivor");
         let config = Config::tiny();
-        let p = problem(config, 64, 82, 0.1);
+        let p = generated_problem(config, 64, 82, 0.1);
         let mut rank = CudaRank::new(&world, &config, 64, Routes::EXACT, &p.weights[0])
             .expect("a pipeline on the GPU the dead rank shared");
         rank.poison().expect("poisoned outputs");
@@ -848,7 +851,7 @@ fn after_warm_up_no_forward_compiles() {
     // Forwards whose pools pick every token tile (T = 1 … 8192 on tiny: 16 … 256 tokens), after
     // warm_up: the same GEMM cores as warm_up left, every y right.
     let config = Config::tiny().with_recipe(Recipe::G128);
-    let p = problem(config, 8192, 91, 0.05);
+    let p = generated_problem(config, 8192, 91, 0.05);
     run_local(Placement::one_gpu_per_rank(1), |world| {
         let mut rank = CudaRank::new(world, &config, 8192, Routes::EXACT_L1, &p.weights[0])?;
         let cores = rank.warm_up()?;

@@ -7,16 +7,15 @@
 
 use std::time::{Duration, Instant};
 
-use cuda_rt::cudarc::driver::{DriverError, sys};
+use cuda_rt::cudarc::driver::sys;
 use cuda_rt::{Arch, KernelSpec, LaunchConfig};
 use fp_formats::bf16;
-use megamoe::cuda::{CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, run_local};
+use megamoe::cuda::{CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, driver, run_local};
 use megamoe::{Config, RankInputs, Recipe};
 use megamoe_kernel::unfused::UnfusedError;
 use megamoe_kernel::{Mma, Routes};
 
-mod common;
-use common::problem;
+use megamoe_problems::testing::generated_problem;
 
 const SPIN: (&str, &str) = (
     "spin.cu",
@@ -26,11 +25,6 @@ const SPIN: (&str, &str) = (
   do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
 }"#,
 );
-
-/// A cudarc call's error as the backend's.
-fn driver<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, CudaError> {
-    r.map_err(|source| cuda_rt::Error::Driver { call, source }.into())
-}
 
 fn same_bits(a: &[bf16], b: &[bf16]) -> usize {
     a.iter()
@@ -49,8 +43,8 @@ fn host_y(rank: &mut CudaRank, inputs: &RankInputs, tile: usize) -> Result<Vec<b
 }
 
 fn engine_case(config: Config, routes: Routes, max: usize) {
-    let p = problem(config, max, 111, 0.1);
-    let q = problem(config, max, 112, 0.1);
+    let p = generated_problem(config, max, 111, 0.1);
+    let q = generated_problem(config, max, 112, 0.1);
     let spin_spec = KernelSpec::new("megamoe/tests/spin", SPIN).arches(&[Arch::Sm90a]);
     let what = format!("{}/{routes}", config.recipe);
     run_local(Placement::one_gpu(1), |world| {
@@ -66,7 +60,7 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
 
         // Behind 50 ms of other work on the caller's stream: the call returns at once.
         let inputs = &p.inputs[0];
-        let tile = rank.pipeline().fused_tile_for_tokens(inputs.tokens);
+        let tile = rank.pipeline().fused_tile(inputs.tokens, None);
         let want = host_y(&mut rank, inputs, tile)?;
         dev.upload(inputs)?;
         // SAFETY: one thread, no buffers.
@@ -97,7 +91,7 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
 
         // One graph, captured with T read from the device, replayed on three inputs and T.
         let bound = max;
-        let tile = rank.pipeline().fused_tile_for_tokens(bound);
+        let tile = rank.pipeline().fused_tile(bound, None);
         dev.upload(inputs)?;
         driver(
             "begin_capture",

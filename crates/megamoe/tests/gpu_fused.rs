@@ -15,7 +15,8 @@ use megamoe_problems::reference;
 use symm_mem::World;
 
 mod common;
-use common::{ROUTES, problem, skew, tol};
+use common::{ROUTES, tol};
+use megamoe_problems::testing::{generated_problem, skew};
 
 fn differing(a: &[bf16], b: &[bf16]) -> usize {
     a.iter()
@@ -140,7 +141,7 @@ fn run_cases(
 fn fused_equals_unfused_tiny_every_route() {
     for (recipe, routes) in ROUTES {
         let config = Config::tiny().with_recipe(recipe);
-        let p = problem(config, 1000, 91, 0.25);
+        let p = generated_problem(config, 1000, 91, 0.25);
         let what = format!("tiny {recipe}/{routes} fused");
         run_cases(
             &what,
@@ -150,7 +151,7 @@ fn fused_equals_unfused_tiny_every_route() {
             Placement::one_gpu(1),
             true,
         );
-        let mut p = problem(config.with_clamp(Some(1.0)), 256, 92, 0.1);
+        let mut p = generated_problem(config.with_clamp(Some(1.0)), 256, 92, 0.1);
         skew(&mut p);
         let what = format!("tiny skewed clamped {recipe}/{routes} fused");
         run_cases(&what, &p, routes, &[256, 7], Placement::one_gpu(1), true);
@@ -165,7 +166,7 @@ fn fused_tiny_one_forward() {
         (Recipe::Mx32, Routes::EXACT),
         (Recipe::G128, Routes::both(Mma::Fp8)),
     ] {
-        let p = problem(Config::tiny().with_recipe(recipe), 24, 93, 0.1);
+        let p = generated_problem(Config::tiny().with_recipe(recipe), 24, 93, 0.1);
         let what = format!("tiny {recipe}/{routes} fused, sanitizer case");
         run_cases(&what, &p, routes, &[24], Placement::one_gpu(1), true);
     }
@@ -180,7 +181,7 @@ fn fused_equals_unfused_v4_shapes() {
             ..Config::deepseek_v4_flash()
         }
         .with_recipe(recipe);
-        let p = problem(flash, 128, 94, 0.1);
+        let p = generated_problem(flash, 128, 94, 0.1);
         let what = format!("v4-flash shape {recipe}/{routes} fused");
         run_cases(&what, &p, routes, &[128, 7, 1], Placement::one_gpu(1), true);
     }
@@ -193,11 +194,11 @@ fn fused_equals_unfused_v4_shapes() {
             ..Config::deepseek_v4_pro()
         }
         .with_recipe(recipe);
-        let p = problem(pro, 7, 95, 0.1);
+        let p = generated_problem(pro, 7, 95, 0.1);
         let what = format!("v4-pro shape {recipe}/{routes} fused");
         run_cases(&what, &p, routes, &[7, 1], Placement::one_gpu(1), true);
         // Large T: bit for bit the unfused forward (the reference of 8192 tokens takes minutes).
-        let p = problem(pro, 8192, 96, 0.05);
+        let p = generated_problem(pro, 8192, 96, 0.05);
         let what = format!("v4-pro shape {recipe}/{routes} fused, large T");
         run_cases(
             &what,
@@ -220,7 +221,7 @@ fn sharing_one_gpu(ranks: usize) {
         let what = format!("tiny {recipe}/{routes} R={ranks} on one GPU, fused");
         match ranks {
             2 => {
-                let p = problem(config, 128, 97, 0.25);
+                let p = generated_problem(config, 128, 97, 0.25);
                 run_cases(
                     &what,
                     &p,
@@ -231,7 +232,7 @@ fn sharing_one_gpu(ranks: usize) {
                 );
             }
             4 => {
-                let mut p = problem(config.with_clamp(Some(1.0)), 96, 98, 0.1);
+                let mut p = generated_problem(config.with_clamp(Some(1.0)), 96, 98, 0.1);
                 skew(&mut p);
                 run_cases(&what, &p, routes, &[96, 7], Placement::one_gpu(4), true);
                 let flash = Config {
@@ -240,12 +241,12 @@ fn sharing_one_gpu(ranks: usize) {
                 }
                 .with_recipe(recipe)
                 .with_ranks(4);
-                let p = problem(flash, 128, 100, 0.1);
+                let p = generated_problem(flash, 128, 100, 0.1);
                 let what = format!("v4-flash shape {recipe}/{routes} R=4 on one GPU, fused");
                 run_cases(&what, &p, routes, &[128, 1], Placement::one_gpu(4), true);
             }
             _ => {
-                let mut p = problem(config, 64, 99, 0.1);
+                let mut p = generated_problem(config, 64, 99, 0.1);
                 p.inputs[5] = p.inputs[5].first(&config, 0);
                 run_cases(&what, &p, routes, &[64, 1], Placement::one_gpu(ranks), true);
             }

@@ -12,8 +12,9 @@ use fp_formats::bf16;
 use super::{CudaError, DeviceIo};
 use crate::{Config, RankInputs};
 
-/// A cudarc call's error as the backend's.
-fn driver<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, CudaError> {
+/// A cudarc call's error as the backend's, named by `call` (for an engine's own stream work next
+/// to the handle's: copies, captures, graph launches).
+pub fn driver<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, CudaError> {
     r.map_err(|source| cuda_rt::Error::Driver { call, source }.into())
 }
 

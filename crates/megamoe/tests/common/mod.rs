@@ -1,10 +1,9 @@
 //! What the GPU tests of the facade share: the routes they sweep and each route's bound against
-//! the reference, their generated problems and the skewed routing.
+//! the reference (their problems come from `megamoe_problems::testing`).
 #![allow(dead_code)] // each test binary uses its own part
 
-use megamoe::{Config, Problem, Recipe};
+use megamoe::Recipe;
 use megamoe_kernel::{Mma, Routes};
-use megamoe_problems::generate::{self, GenOptions};
 
 pub const TOL: f64 = 1e-5;
 /// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
@@ -28,32 +27,5 @@ pub fn tol(routes: Routes) -> f64 {
     match routes.l1 {
         Mma::Bf16 => TOL,
         Mma::Fp8 => FP8_TOL,
-    }
-}
-
-pub fn problem(config: Config, tokens: usize, seed: u64, mask: f64) -> Problem {
-    generate::problem(&GenOptions {
-        config,
-        tokens,
-        seed,
-        mask_fraction: mask,
-    })
-}
-
-/// Routes most slots of most tokens to experts of the last rank (expert E−1−j for slot j), and
-/// masks every slot of token 3.
-pub fn skew(problem: &mut Problem) {
-    let (k, e) = (problem.config.top_k, problem.config.num_experts);
-    for x in &mut problem.inputs {
-        for t in 0..x.tokens {
-            for j in 0..k {
-                let slot = &mut x.topk_idx[t * k + j];
-                if t == 3 {
-                    *slot = -1;
-                } else if t % 5 != 0 && *slot >= 0 {
-                    *slot = (e - 1 - j % e) as i64;
-                }
-            }
-        }
     }
 }
