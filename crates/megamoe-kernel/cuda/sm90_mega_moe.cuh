@@ -13,16 +13,15 @@
 //   4. dispatch  pairs over the grid: each token's row into its owner's L1 pool (peer stores);
 //                the ranks meet;
 //   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
-//                consumer warpgroups), BF16 l1_out; grid barrier;
-//   6. SwiGLU    pool rows over the grid: SwiGLU + clamp + top-k weight + re-quantization into the
-//                L2 pool; grid barrier;
-//   7. L2        the grouped GEMM's roles over the L2 pool, BF16 l2_out; grid barrier;
-//   8. combine   pool rows of other ranks' tokens into their combine buffers (peer stores); the
+//                consumer warpgroups), its epilogue SwiGLU + clamp + top-k weight +
+//                re-quantization into the L2 pool (sm90_swiglu.cuh); grid barrier;
+//   6. L2        the grouped GEMM's roles over the L2 pool, BF16 l2_out; grid barrier;
+//   7. combine   pool rows of other ranks' tokens into their combine buffers (peer stores); the
 //                ranks meet; tokens over the grid: the top-k sum into y.
 //
 // Between stages a grid barrier (barriers.cuh: one word, never reset) orders every CTA's writes
 // before every CTA's reads; stages that hand data to the TMA (the pools) or take it from the TMA
-// (l1_out, l2_out) also cross the async proxy (publish_to_tma). The cross-rank meetings time out
+// (l2_out) also cross the async proxy (publish_to_tma). The cross-rank meetings time out
 // into the barrier's error word; every CTA then leaves the kernel. The workspace is left ready for
 // the next call: the GEMMs' tickets and hand-over flags return to 0, the barrier words run on.
 // Stage boundaries are whole-grid barriers here; the arrival counters that let a block start as
@@ -30,13 +29,13 @@
 #pragma once
 
 #include "barriers.cuh"
-#include "sm90_moe_gemm.cuh"
-#include "sm90_unfused.cuh"
+#include "sm90_swiglu.cuh"
 
 namespace mm {
 namespace mega {
 
 using gemm::GemmParams;
+using swiglu::SwigluParams;
 using namespace mm::unfused;
 typedef unsigned char u8;
 typedef unsigned int u32;
@@ -52,7 +51,7 @@ struct MegaParams {
   PlanParams plan;
   RouteParams route;
   DispatchParams dispatch;
-  SwigluParams swiglu;            // rows: from the plan, in the kernel
+  SwigluParams swiglu;            // the L1's epilogue
   CombineSendParams combine_send; // rows: from the plan, in the kernel
   CombineReduceParams combine_reduce;
   RankBarrierParams ranks;        // the cross-rank meetings (signals, error word, timeout)
@@ -68,7 +67,7 @@ struct MegaParams {
   const int* tokens_dev;
   int num_ranks, tokens;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 64 + 40 + 64 + 32 + 2 * 112 + 32, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 56 + 40 + 64 + 32 + 2 * 112 + 32, "MegaParams layout");
 
 // The plan error word's kind for a device T outside 0..max (error[1]: that T).
 constexpr u64 kPlanErrorTokens = 4;
@@ -81,8 +80,8 @@ __device__ __forceinline__ int forward_tokens(const MegaParams& p) {
   return t >= 0 && t <= p.tokens ? t : 0;
 }
 
-// Stamps of stage_clock: start, counts met, plan, dispatch met, L1, SwiGLU, L2, combine met, end.
-constexpr int kStamps = 9;
+// Stamps of stage_clock: start, counts met, plan, dispatch met, L1 (with SwiGLU), L2, combine met, end.
+constexpr int kStamps = 8;
 // The thread and CTA are read afresh (volatile): held in registers from the kernel's start, they
 // would be live across the GEMM roles.
 __device__ __forceinline__ void stamp(const MegaParams& p, int i) {
@@ -135,16 +134,17 @@ __device__ __forceinline__ int max_parts(int units) { return max(1, units / (32 
 template <int kCtasPerSm>
 constexpr int kGlueUnroll = kCtasPerSm == 1 ? 4 : 2;
 
-// The grouped GEMM of one layer: set up, its roles over this rank's pool, back to one thread group
-// with every barrier of its ring invalidated, its output published to the grid.
-// The shared memory's aligned base is found afresh: nothing is held across the other layer's roles.
-template <class Layer>
+// The grouped GEMM of one layer: set up, its roles over this rank's pool with the layer's epilogue,
+// back to one thread group with every barrier of its ring invalidated, its output published to the
+// grid. The shared memory's aligned base is found afresh: nothing is held across the other layer's
+// roles.
+template <class Layer, class Epilogue>
 __device__ __forceinline__ void gemm_layer(const MegaParams& p, const GemmParams& layer, const void* act_map,
-                                           const void* out_map) {
+                                           const void* out_map, const Epilogue& epi) {
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = sm90::align_smem(smem_raw);
   Layer::setup(smem);
-  Layer::template roles<gemm::Bf16Out>(layer, act_map, out_map, smem);
+  Layer::roles(layer, act_map, out_map, epi, smem);
   Layer::rejoin(smem);
   publish_to_tma();
   barriers::grid_barrier(p.grid_word);
@@ -172,18 +172,7 @@ __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   publish_to_tma();
 }
 
-// 6. SwiGLU: pool rows over the grid, into the L2 pool.
-template <int G, bool kL2Fp8Pool, int kUnroll>
-__device__ __forceinline__ void swiglu(const MegaParams& p) {
-  SwigluParams swiglu = p.swiglu;
-  swiglu.rows = pool_rows(p.l1);
-  over_warps(swiglu.rows, max_parts<kUnroll>(swiglu.inter / 4), [&](int row, int t, int threads) {
-    swiglu_row<G, kL2Fp8Pool, kUnroll>(swiglu, row, t, threads);
-  });
-  publish_to_tma();
-}
-
-// 8a. combine send: pool rows of other ranks' tokens into their combine buffers.
+// 7a. combine send: pool rows of other ranks' tokens into their combine buffers.
 template <int kUnroll>
 __device__ __forceinline__ void combine_send(const MegaParams& p) {
   CombineSendParams send = p.combine_send;
@@ -193,7 +182,7 @@ __device__ __forceinline__ void combine_send(const MegaParams& p) {
   });
 }
 
-// 8b. combine reduce: tokens over the grid, the top-k sums into y.
+// 7b. combine reduce: tokens over the grid, the top-k sums into y.
 __device__ __forceinline__ void combine_reduce(const MegaParams& p) {
   over_warps(forward_tokens(p), max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
     combine_reduce_token(p.combine_reduce, token, t, threads);
@@ -208,8 +197,8 @@ __device__ __forceinline__ bool planned(const MegaParams& p) { return barriers::
 // the layers' tensor-core routes. Dynamic shared memory: the larger layer's plan (stage 1 borrows
 // its start for the histogram).
 template <class L1, class L2, int G>
-__device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act_map, const void* l1_out_map,
-                                         const void* l2_act_map, const void* l2_out_map) {
+__device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act_map, const void* l2_act_map,
+                                         const void* l2_out_map) {
   static_assert(L1::kCtasPerSm == L2::kCtasPerSm, "both layers run on one shape of grid");
   extern __shared__ __align__(1024) u8 smem_raw[];
 
@@ -239,24 +228,20 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   if (!meet_ranks(p)) return;
   stamp(p, 3);
 
-  // 5. L1, 6. SwiGLU, 7. L2, 8a. combine send.
+  // 5. L1 with SwiGLU, 6. L2, 7a. combine send.
   if (planned(p)) {
     publish_to_tma();
-    gemm_layer<L1>(p, p.l1, l1_act_map, l1_out_map);
+    gemm_layer<L1>(p, p.l1, l1_act_map, nullptr, swiglu::SwigluOut<G, L2::kFp8Route>{p.swiglu});
     stamp(p, 4);
-    swiglu<G, L2::kFp8Route, kUnroll>(p);
-    barriers::grid_barrier(p.grid_word);
+    gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map, gemm::Bf16Out{});
     stamp(p, 5);
-    publish_to_tma();
-    gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map);
-    stamp(p, 6);
     if (p.num_ranks > 1) combine_send<kUnroll>(p);
   }
-  // The ranks meet: every combine buffer holds its rows. 8b. the top-k sums.
+  // The ranks meet: every combine buffer holds its rows. 7b. the top-k sums.
   if (!meet_ranks(p)) return;
-  stamp(p, 7);
+  stamp(p, 6);
   if (planned(p)) combine_reduce(p);
-  stamp(p, 8);
+  stamp(p, 7);
 }
 
 }  // namespace mega

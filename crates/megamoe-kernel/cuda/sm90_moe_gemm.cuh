@@ -120,8 +120,13 @@ struct Layout {
   static constexpr int kStageBytes =
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
-  // warpgroup, which the TMA stores (the epilogue; gemm.rs's `epilogue_bytes` says why only there).
-  static constexpr int kEpilogueBytes = kFp8 && kCtas == 1 ? 2 * BN * 128 : 0;
+  // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
+  static constexpr bool kBoxEpilogue = kFp8 && kCtas == 1;
+  // The epilogue's shared memory: the BF16 box, or at least a byte per (token, consumer warp), where
+  // the SwiGLU epilogue (sm90_swiglu.cuh) meets over its activation groups. The bytes fit in every
+  // plan's slack: no plan has a stage less for them.
+  static constexpr int kExchangeBytes = 8 * BN;
+  static constexpr int kEpilogueBytes = kBoxEpilogue && 2 * BN * 128 > kExchangeBytes ? 2 * BN * 128 : kExchangeBytes;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
@@ -153,10 +158,15 @@ struct Layout {
   static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
 };
 
+// How a tile stands to the other tile of its item (kPairs: an item is two neighbouring weight tiles
+// of one token block, which one CTA computes one after the other).
+constexpr int kAlone = 0, kFirstOfPair = 1, kSecondOfPair = 2;
+
 // A piece of work: k128 blocks [kb_begin, kb_end) of one tile (expert, weight tile, token block);
-// a part of a split item hands over through partials slot `slot`.
+// a part of a split item hands over through partials slot `slot`; `pair`: kAlone, or which tile of
+// its pair.
 struct WorkUnit {
-  int expert, n_tile, m_block, kb_begin, kb_end, slot;
+  int expert, n_tile, m_block, kb_begin, kb_end, slot, pair;
 };
 
 // A unit as the producer hands it to the converter warp and the consumers, in shared memory (slot
@@ -169,17 +179,22 @@ struct UnitDesc {
   int n_col;      // first output column (weight row) of the tile; >= n_out: a cluster's ghost
   u32 kb_range;   // kb_begin | kb_end << 16
   int slot;       // split item: a later part's slot (kb_begin > 0), or a head's first (kb_begin 0, kb_end < K / 128)
-  int pad_[3];    // 32 B: two 16-B loads
+  int pair;       // kAlone, kFirstOfPair or kSecondOfPair
+  int pad_[2];    // 32 B: two 16-B loads
 };
 
 // Walks the work of one CTA in order (the producer; it tells the other roles through UnitDesc).
 // A work item is (expert, group of kGroup consecutive weight tiles, token block): a cluster of
 // kGroup CTAs takes one item at a time, each CTA the weight tile of its rank in the cluster (the
-// last group of an odd tile count has a ghost tile, past n_out). Items go in launch order (CTAs
-// working at once share weight and activation tiles through L2): drawn from `tickets`, or strided
-// over the grid; drawn with a split tail, the last items (one per CTA at most) in parts of K.
-template <int kGroup, int BN, bool kSplitTail>
+// last group of an odd tile count has a ghost tile, past n_out). With kPairs (one-CTA clusters) an
+// item is two neighbouring weight tiles, both this CTA's, the even one first (the SwiGLU epilogue's
+// g128 groups span them). Items go in launch order (CTAs working at once share weight and
+// activation tiles through L2): drawn from `tickets`, or strided over the grid; drawn with a split
+// tail, the last items (one per CTA at most) in parts of K.
+template <int kGroup, int BN, bool kSplitTail, bool kPairs>
 struct TileWalker {
+  static_assert(!kPairs || (kGroup == 1 && !kSplitTail), "a pair is one CTA's, drawn whole");
+  static constexpr int kItemTiles = kPairs ? 2 : kGroup;
   // The kernel's parameters, by reference: reads come from the constant bank, not through a
   // pointer held in the producer's 48 registers.
   const GemmParams& p;
@@ -194,7 +209,7 @@ struct TileWalker {
     expert_first_item += expert_items;
     ++expert;
     expert_m_blocks = expert < p.num_experts ? (p.expert_rows[expert] + BN - 1) / BN : 0;
-    expert_items = expert_m_blocks * ((p.n_out / kTileRows + kGroup - 1) / kGroup);
+    expert_items = expert_m_blocks * ((p.n_out / kTileRows + kItemTiles - 1) / kItemTiles);
   }
   // Finds item `idx` and the weight tile of cluster rank `rank` in it; walks forward from the last
   // call (a split tail's heads go back once, to the start). Returns false past the last item.
@@ -208,13 +223,19 @@ struct TileWalker {
     if (expert >= p.num_experts) return false;
     const int local = idx - expert_first_item;
     u.expert = expert;
-    u.n_tile = local / expert_m_blocks * kGroup + rank;
+    u.n_tile = local / expert_m_blocks * kItemTiles + rank;
     u.m_block = local % expert_m_blocks;
+    u.pair = kPairs ? kFirstOfPair : kAlone;
     return true;
   }
-  // This CTA's unit n (n = 0, 1, ... in turn); false when there is none. The schedule is
-  // recomputed each time rather than held in registers.
+  // This CTA's unit n (n = 0, 1, ... in turn, `u` holding unit n - 1); false when there is none.
+  // The schedule is recomputed each time rather than held in registers (the producer has 48).
   __device__ bool unit(int n, int rank, WorkUnit& u) {
+    if (kPairs && n % 2 == 1) {  // the pair's odd tile, right after the even one
+      ++u.n_tile;
+      u.pair = kSecondOfPair;
+      return true;
+    }
     const int k_blocks = p.k / kBlockK;
     u.kb_begin = 0;
     u.kb_end = k_blocks;
@@ -250,7 +271,7 @@ struct TileWalker {
       }
       return false;
     }
-    return seek(blockIdx.x / kGroup + n * (gridDim.x / kGroup), rank, u);
+    return seek(blockIdx.x / kGroup + (kPairs ? n / 2 : n) * (gridDim.x / kGroup), rank, u);
   }
 };
 
@@ -260,7 +281,7 @@ template <int kGroup>
 __device__ int count_items(const GemmParams& p, int bn, int lane) {  // lane: of a whole warp
   int blocks = 0;
   for (int e = lane; e < p.num_experts; e += 32) blocks += (p.expert_rows[e] + bn - 1) / bn;
-  return __reduce_add_sync(0xffffffffu, blocks) * ((p.n_out / kTileRows + kGroup - 1) / kGroup);
+  return __reduce_add_sync(0xffffffffu, blocks) * ((p.n_out / kTileRows + kGroup - 1) / kGroup);  // (no pairs)
 }
 
 // ---------------------------------------------------------------- weight decode
@@ -740,7 +761,7 @@ struct Consumer {
 // and issues every stage's loads: the activation tile by TMA (in a cluster of two, one K half into
 // both CTAs by multicast), the FP8 token scales and the weight tile by bulk copy. Its last stage
 // completes without data and carries the end mark.
-template <int BN, bool kFp8, int kCtas, int kCluster, bool kSplitTail>
+template <int BN, bool kFp8, int kCtas, int kCluster, bool kSplitTail, bool kPairs>
 struct Producer {
   using L = Layout<BN, kFp8, kCtas>;
 
@@ -758,7 +779,7 @@ struct Producer {
     UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
     if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
     prefetch_tensormap(act_map);
-    TileWalker<kCluster, BN, kSplitTail> walker(p, (const int*)(smem + L::kItemsAt));
+    TileWalker<kCluster, BN, kSplitTail, kPairs> walker(p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
     u32 phase = 0;
     WorkUnit u;
@@ -768,7 +789,7 @@ struct Producer {
       // The unit's descriptor goes out before the arrive that completes its first stage.
       mbar_wait(&empty[stage], phase ^ 1);
       units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
-                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, {}};
+                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, {}};
       if (++slot == L::kUnitSlots) slot = 0;
       const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
@@ -833,17 +854,17 @@ struct ScaleConverter {
 
 // ---------------------------------------------------------------- consumer role
 // The epilogue: what the consumers do with a finished tile (c.acc: this warpgroup's 64 weight rows
-// x BN tokens of FP32 sums, complete, the split tail's parts added). `tile` runs once per tile a
-// CTA stores, `finish` once after its last; a kernel that consumes the tiles otherwise passes
-// consumer_role its own. Bf16Out is the grouped GEMM's: BF16 out[pool row][weight row], only the
-// expert's rows (FP8 one-CTA tiles through the shared-memory box and the TMA, Consumer::store_tile;
-// otherwise the fragments directly).
+// x BN tokens of FP32 sums, complete, the split tail's parts added), an object the kernel hands to
+// the roles (it may hold references to the kernel's parameters). `tile` runs once per tile a CTA
+// stores, `finish` once after its last. Bf16Out is the grouped GEMM's: BF16 out[pool row][weight
+// row], only the expert's rows (FP8 one-CTA tiles through the shared-memory box and the TMA,
+// Consumer::store_tile; otherwise the fragments directly). sm90_swiglu.cuh's SwigluOut is the L1's.
 struct Bf16Out {
   template <class C>
-  __device__ __forceinline__ static void tile(C& c, const GemmParams& p, const void* out_map, const UnitDesc& d) {
+  __device__ __forceinline__ void tile(C& c, const GemmParams& p, const void* out_map, const UnitDesc& d) const {
     const int rows_left = d.rows;
     const size_t row0 = (size_t)d.row0;
-    if constexpr (C::L::kEpilogueBytes > 0) {
+    if constexpr (C::L::kBoxEpilogue) {
       const int col0 = d.n_col + (c.thread / 128) * 64;
       c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
     } else {
@@ -862,17 +883,17 @@ struct Bf16Out {
   }
   // The last box is stored before the CTA's shared memory goes away.
   template <class C>
-  __device__ __forceinline__ static void finish(C&) {
-    if constexpr (C::L::kEpilogueBytes > 0) bulk_wait<0>();
+  __device__ __forceinline__ void finish(C&) const {
+    if constexpr (C::L::kBoxEpilogue) bulk_wait<0>();
   }
 };
 
 // One unit of a consumer warpgroup (its range, broadcast, is not the end mark): the split tail's
 // wait for a head's later parts, the main loop built for the unit's rows, the hand-over of a later
 // part or the sum of a head's, and the epilogue.
-template <class Epilogue, bool kNarrowTiles, bool kSplitTail, class C>
-__device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const void* out_map, const UnitDesc* unit,
-                                             u32 range) {
+template <bool kNarrowTiles, bool kSplitTail, class Epilogue, class C>
+__device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const void* out_map, const Epilogue& epi,
+                                             const UnitDesc* unit, u32 range) {
   constexpr int BN = C::kBN;
   // Broadcast, so that ptxas sees warp-uniform values (the loop bounds stay uniform registers).
   const int rows = __shfl_sync(0xffffffffu, unit->rows, 0);
@@ -916,14 +937,15 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
       for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
     }
   }
-  Epilogue::tile(c, p, out_map, d);
+  epi.tile(c, p, out_map, d);
 }
 
 // Warpgroups 1 and 2 (thread 128 on), after setmaxnreg: every unit the producer hands out, until
 // the end mark; `rank` in the cluster.
-template <class Epilogue, int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles,
-          bool kSplitTail>
-__device__ __forceinline__ void consumer_role(const GemmParams& p, const void* out_map, u8* smem, u32 rank) {
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail,
+          class Epilogue>
+__device__ __forceinline__ void consumer_role(const GemmParams& p, const void* out_map, const Epilogue& epi, u8* smem,
+                                              u32 rank) {
   using L = Layout<BN, kFp8, kCtas>;
   const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
   Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster> c;
@@ -939,9 +961,9 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
     const UnitDesc* unit = units + slot;
     const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
     if (range == 0) break;
-    consume_unit<Epilogue, kNarrowTiles, kSplitTail>(c, p, out_map, unit, range);
+    consume_unit<kNarrowTiles, kSplitTail>(c, p, out_map, epi, unit, range);
   }
-  Epilogue::finish(c);
+  epi.finish(c);
   if (p.trace && c.thread % 128 == 0) {
     p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
     if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
@@ -956,7 +978,10 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
 // a kernel that goes on to other work; the barriers are free to set up again once every thread of
 // the CTA, and of its cluster, has left `roles`). moe_gemm is setup + roles; the fused kernel
 // (sm90_mega_moe.cuh) runs setup + roles + rejoin once per layer.
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail>
+// kPairs: each item is a pair of neighbouring weight tiles, both this CTA's (TileWalker), for an
+// epilogue whose output groups span two tiles (the L1's SwiGLU at G = 128).
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail,
+          bool kPairs>
 struct Gemm {
   using L = Layout<BN, kFp8, kCtas>;
   // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
@@ -969,6 +994,7 @@ struct Gemm {
   // C7511, when they do not fit).
   static_assert(!kSplitTail || (kCtas == 2 && kCluster == 1), "the split tail is for two-CTA tiles without clusters");
   static_assert(!kNarrowTiles || kCtas == 2, "narrow tiles are two-CTA tiles");
+  static_assert(!kPairs || (kCluster == 1 && !kSplitTail), "a pair is one CTA's, drawn whole");
   static constexpr int kCtasPerSm = kCtas;
   static constexpr int kClusterCtas = kCluster;
   static constexpr bool kFp8Route = kFp8;
@@ -1005,9 +1031,11 @@ struct Gemm {
     }
   }
 
-  // Every thread of the CTA, after setup: this CTA's part of the launch's tiles.
+  // Every thread of the CTA, after setup: this CTA's part of the launch's tiles, each finished tile
+  // handed to `epi`.
   template <class Epilogue>
-  __device__ __forceinline__ static void roles(const GemmParams& p, const void* act_map, const void* out_map, u8* smem) {
+  __device__ __forceinline__ static void roles(const GemmParams& p, const void* act_map, const void* out_map,
+                                               const Epilogue& epi, u8* smem) {
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
     // (K / 128 and the tile count are read from the parameters where used: kept in registers from
     // here, ptxas spilled them in the producer.)
@@ -1015,7 +1043,7 @@ struct Gemm {
     // compiler, unlike %cluster_ctarank, so the consumers keep their uniform descriptor arithmetic).
     const u32 rank = blockIdx.x % kCluster;
     if (wg == 0) {
-      using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail>;
+      using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail, kPairs>;
       setmaxnreg_dec<L::kProducerRegs>();
       if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
       if (threadIdx.x == 0) {
@@ -1025,8 +1053,7 @@ struct Gemm {
       }
     } else {
       setmaxnreg_inc<L::kConsumerRegs>();
-      consumer_role<Epilogue, BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, smem,
-                                                                                                   rank);
+      consumer_role<BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, epi, smem, rank);
     }
     if constexpr (kCluster > 1) cluster_sync();
   }
@@ -1048,13 +1075,14 @@ struct Gemm {
 // previous stage; nothing below may touch what that stage writes before it is complete. The next
 // stage launches as the CTAs exit: an explicit launch_dependents here (or a wait after the
 // barriers' set-up) made ptxas serialize the two-CTA FP8 wgmmas (C7511).
-template <class G>
-__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map) {
+template <class G, class Epilogue>
+__device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_map, const void* out_map,
+                                         const Epilogue& epi) {
   cuda_rt::wait_for_predecessor();
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = align_smem(smem_raw);
   G::setup(smem);
-  G::template roles<Bf16Out>(p, act_map, out_map, smem);
+  G::roles(p, act_map, out_map, epi, smem);
 }
 
 }  // namespace gemm

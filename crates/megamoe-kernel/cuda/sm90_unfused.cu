@@ -1,7 +1,7 @@
 // sm90_unfused.cu -- JIT entry points of the unfused pipeline's glue kernels: each instantiates its
 // device function of sm90_unfused.cuh from the specialization's defines, -DUF_G=<32|128> (the
-// recipe's activation group), -DUF_L1_FP8_POOL=<0|1> and -DUF_L2_FP8_POOL=<0|1> (each GEMM's
-// tensor-core route), and hands it its item and work split from the grid the host launches
+// recipe's activation group) and -DUF_L1_FP8_POOL=<0|1> (the L1 GEMM's tensor-core route: the
+// format of the pool the dispatch writes), and hands it its item and work split from the grid the host launches
 // (unfused.rs, glue_grid): an item per CTA along x, its channels over the CTAs along y. Launched
 // with mm::unfused::kThreads threads per CTA (uf_route: kRouteThreads).
 #include "cuda_rt.cuh"
@@ -16,7 +16,6 @@
   cuda_rt::wait_for_predecessor()
 
 constexpr bool kL1Fp8Pool = UF_L1_FP8_POOL != 0;
-constexpr bool kL2Fp8Pool = UF_L2_FP8_POOL != 0;
 
 // An item's channels over the grid's y CTAs: this thread among them, and how many there are.
 __device__ __forceinline__ int channel_thread() { return blockIdx.y * mm::unfused::kThreads + threadIdx.x; }
@@ -46,15 +45,10 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
   }
 }
 
-extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads) uf_silu_table(float* table) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < 65536) mm::unfused::silu_entry(table, i);
-}
-
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
-    uf_swiglu(const __grid_constant__ mm::unfused::SwigluParams p) {
-  UF_CHAINED();
-  mm::unfused::swiglu_row<UF_G, kL2Fp8Pool>(p, blockIdx.x, channel_thread(), channel_threads());
+    uf_silu_table(float* table, int has_clamp, float clamp) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i <= mm::unfused::kSiluClampEntry) mm::unfused::silu_entry(table, i, has_clamp, clamp);
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)

@@ -1,10 +1,11 @@
 // sm90_unfused.cuh -- the device functions of the unfused MoE pipeline's glue kernels (each its own
-// launch, sm90_unfused.cu; the grouped GEMM of sm90_moe_gemm.cuh runs L1 and L2 between them).
+// launch, sm90_unfused.cu; the grouped GEMM of sm90_moe_gemm.cuh runs L1, with SwiGLU as its
+// epilogue (sm90_swiglu.cuh), and L2 between them).
 // Each function does one work item (an expert, pair, pool row or token), named by its caller, with
 // the item's channels split over `threads` threads of which the caller is `thread`: the kernels
 // pass their grid's shape (an item per CTA along x, channels over the CTAs along y when there are
 // too few items to fill the GPU); a kernel with other roles walks its items itself (e.g. `for (row
-// = first; row < rows; row += stride) swiglu_row<G, kFp8Pool>(p, row, lane, 32)`). A loop over
+// = first; row < rows; row += stride) combine_send_row(p, row, lane, 32)`). A loop over
 // items inside them costs the grid's kernels registers: ptxas hoists the channel loops' trip counts
 // out of it, and the dispatch then needs 48 registers where the host sizes its grids for 16 CTAs of
 // 128 threads per SM, 32 registers each. Nothing here reads blockIdx or gridDim, and configuration
@@ -27,9 +28,7 @@
 //   uf_unstage         rows peers sent staged (large T, see DispatchParams::staged) into the pool: FP8,
 //                      their scales ([rows][staged_row_bytes]) into the GEMM's [H/128][sf_stride] table;
 //                      BF16, their E4M3 row and scales widened into the pool row;
-//   uf_silu_table      silu of every BF16 value, once per pipeline;
-//   uf_swiglu          one CTA per pool row: SwiGLU + clamp + top-k weight + re-quantization per G
-//                      (DESIGN §1 steps 2-3) from the L1 output into the L2 pool;
+//   uf_silu_table      silu of every BF16 value, once per pipeline, for the L1's SwiGLU epilogue;
 //   uf_combine_send    one CTA per pool row of another rank's token: the row's L2 result into that
 //                      rank's combine buffer [k][T_max][H] at (slot, token), over a peer pointer;
 //   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y,
@@ -40,7 +39,7 @@
 //                      launches with no host round trip; a missing rank times out into the error word.
 // Template parameters: G (32|128, the recipe's activation group) and kFp8Pool, the format of the pool
 // a function writes (each GEMM's tensor-core route: the dispatch and the unstaging write the L1 pool,
-// the SwiGLU the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
+// the L1's SwiGLU epilogue the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
 // (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the
 // GEMM's pool channel order (pool_order.cuh).
 #pragma once
@@ -112,17 +111,6 @@ struct UnstageParams {
   u16* pool;               // BF16 pool: [rows][hidden]
   const RowMeta* meta;     // [rows]: rows from other ranks move, the rest stay
   int rows, hidden, staged_row_bytes, sf_stride, rank, pad_;
-};
-
-struct SwigluParams {
-  const u16* l1_out;       // [rows][2I] BF16: gate 0..I, up I..2I
-  const RowMeta* meta;     // [rows]
-  const float* silu;       // [65536] silu(g) of every BF16 g (uf_silu_table)
-  u8* l2_act;              // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I]
-  u8* l2_sf;               // FP8 pool: [I/128][sf_stride]
-  int rows, inter, sf_stride, has_clamp;
-  float clamp;
-  int pad_;
 };
 
 struct CombineSendParams {
@@ -471,83 +459,12 @@ __device__ __forceinline__ float silu_exact(float g) {
   return __fdiv_rn(g, __fadd_rn(1.0f, e));
 }
 
-// silu of every BF16 value (index = its bits), built once per pipeline: the gates are BF16, so
-// SwiGLU looks silu up instead of paying a double-precision exp per element (FP64 is 1/2 rate).
-// Entry i < 65536.
-__device__ __forceinline__ void silu_entry(float* table, int i) { table[i] = silu_exact(bf16_to_f32((u16)i)); }
-
-// uf_swiglu: steps 2-3 of the contract for pool row `row` (< rows); its channels over `threads`
-// threads (a multiple of 32, thread % 32 its lane; this one is `thread`).
-// Each lane takes 4 consecutive channels at a time (one 8-byte load of gate and one of up), G/4 lanes
-// make one group of G channels: h in f32 as the host computes it (silu_exact from the table,
-// products in the contract's order, no FMA contraction), then the re-quantizer of fp_formats.cuh's
-// requantize_group<G> with the amax reduced over the group's lanes (fmaxf is exact and order free,
-// so the bits are the same). kFp8Pool: the L2 pool's format; kUnroll as widen_row's.
-template <int G, bool kFp8Pool, int kUnroll = 1>
-__device__ __forceinline__ void swiglu_row(const SwigluParams& p, int row, int thread, int threads) {
-  static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
-  constexpr int kPer = 4;                  // channels per lane
-  constexpr int kLanesPerGroup = G / kPer;  // 8 (G = 32) or 32 (G = 128)
-  const RowMeta m = p.meta[row];
-  if (m.token < 0) return;
-  const int inter = p.inter;
-  const u16* gate = p.l1_out + (size_t)row * 2 * inter;
-  const u16* up = gate + inter;
-  // I is a multiple of 128, so every warp's 128 channels are all in range or all out.
-  for (int c00 = thread * kPer; c00 < inter; c00 += threads * kPer * kUnroll) {
-    uint2 gvs[kUnroll], uvs[kUnroll];
-#pragma unroll
-    for (int v = 0; v < kUnroll; ++v) {
-      const int c0 = c00 + v * threads * kPer;
-      if (c0 >= inter) break;
-      gvs[v] = *reinterpret_cast<const uint2*>(gate + c0);
-      uvs[v] = *reinterpret_cast<const uint2*>(up + c0);
-    }
-#pragma unroll
-    for (int v = 0; v < kUnroll; ++v) {
-      const int c0 = c00 + v * threads * kPer;
-      if (c0 >= inter) break;
-      const uint2 gv = gvs[v], uv = uvs[v];
-      const u32 gw[2] = {gv.x, gv.y}, uw[2] = {uv.x, uv.y};
-      float h[kPer];
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        float g = bf16_to_f32((u16)(gw[i / 2] >> (16 * (i & 1)))), u = bf16_to_f32((u16)(uw[i / 2] >> (16 * (i & 1))));
-        if (p.has_clamp) {
-          g = fminf(g, p.clamp);
-          u = fminf(fmaxf(u, -p.clamp), p.clamp);
-        }
-        // A clamp that is no BF16 value leaves g off the table: compute it.
-        const u32 gb = __float_as_uint(g);
-        const float silu = (gb & 0xffffu) == 0 ? p.silu[gb >> 16] : silu_exact(g);
-        h[i] = __fmul_rn(__fmul_rn(silu, u), m.weight);
-        amax = fmaxf(amax, fabsf(h[i]));
-      }
-#pragma unroll
-      for (int o = kLanesPerGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const u32 biased = fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
-      const float inv = fp::pow2(127 - (int)biased);
-      if constexpr (kFp8Pool) {
-        u32 word = 0;
-#pragma unroll
-        for (int i = 0; i < kPer; ++i) word |= (u32)fp::e4m3_encode(h[i] * inv) << (8 * i);
-        const int at = (c0 & ~127) + 4 * pool_order::pool_word<8>((c0 & 127) / 4);
-        *reinterpret_cast<u32*>(p.l2_act + (size_t)row * inter + at) = word;
-        if (thread % kLanesPerGroup == 0) p.l2_sf[(size_t)(c0 / G) * p.sf_stride + row] = (u8)biased;
-      } else {
-        const float scale = fp::pow2((int)biased - 127);
-        u32 out[2];
-#pragma unroll
-        for (int i = 0; i < kPer; i += 2)
-          out[i / 2] = widen2((u32)fp::e4m3_encode(h[i] * inv) | (u32)fp::e4m3_encode(h[i + 1] * inv) << 8, scale);
-        u16* dst = reinterpret_cast<u16*>(p.l2_act) + (size_t)row * inter + (c0 & ~127);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          *reinterpret_cast<u32*>(dst + 2 * pool_order::pool_word<16>((c0 & 127) / 2 + i)) = out[i];
-      }
-    }
-  }
+// silu of every BF16 value (index = its bits), then of the clamp (kSiluClampEntry; 0 without one),
+// built once per pipeline: the gates are BF16 or, clamped, the clamp, so SwiGLU looks silu up
+// instead of paying a double-precision exp per element (FP64 is 1/2 rate). Entry i <= 65536.
+constexpr int kSiluClampEntry = 65536;
+__device__ __forceinline__ void silu_entry(float* table, int i, int has_clamp, float clamp) {
+  table[i] = i < kSiluClampEntry ? silu_exact(bf16_to_f32((u16)i)) : has_clamp ? silu_exact(clamp) : 0.0f;
 }
 
 // uf_combine_send: pool row `row` (< rows), if it holds another rank's token; its channels over
@@ -614,7 +531,6 @@ static_assert(sizeof(CountParams) == 48, "CountParams layout");
 static_assert(sizeof(PlanParams) == 64, "PlanParams layout");
 static_assert(sizeof(RouteParams) == 64, "RouteParams layout");
 static_assert(sizeof(UnstageParams) == 56, "UnstageParams layout");
-static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout");
 static_assert(sizeof(CombineSendParams) == 40, "CombineSendParams layout");
 static_assert(sizeof(CombineReduceParams) == 64, "CombineReduceParams layout");
 static_assert(sizeof(RankBarrierParams) == 32, "RankBarrierParams layout");

@@ -1,5 +1,5 @@
 //! The fused MoE forward (`cuda/sm90_mega_moe.cuh`): one persistent launch per forward runs every
-//! stage of a [`Pipeline`] — count, plan, route, dispatch, L1, SwiGLU, L2, combine — with the same
+//! stage of a [`Pipeline`] — count, plan, route, dispatch, L1 with its SwiGLU epilogue, L2, combine — with the same
 //! device functions and on the same buffers as the unfused launches, so the two are bitwise equal
 //! when they run the same GEMM tiles. The plan is made on the device (no host round trip, no
 //! counts exchange): a forward is one launch.
@@ -13,6 +13,7 @@ use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 
+use crate::epilogue::{Epilogue, SwigluParams, spill_floats};
 use crate::gemm::{
     CONSUMER_WARPS, GemmParams, MAX_SPLIT_PARTS, Mma, Routes, THREADS, TOKEN_TILES, TilePlan,
     persistent_grid,
@@ -21,7 +22,7 @@ use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::{Fold, TILE_ROWS};
 use crate::unfused::{
     CombineReduceParams, CombineSendParams, CountParams, DispatchParams, Pipeline, PlanParams,
-    RankBarrierParams, RouteParams, SwigluParams, UNFUSED_HEADER, UnfusedError,
+    RankBarrierParams, RouteParams, UnfusedError,
 };
 
 /// The fused kernel's entry point.
@@ -54,7 +55,7 @@ struct MegaParams {
     tokens: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 712);
+const _: () = assert!(size_of::<MegaParams>() == 704);
 
 /// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
 /// same for any binding): device addresses on the pipeline's GPU of `x` (E4M3 `[T][H]`), `x_sf`
@@ -76,30 +77,35 @@ pub struct DeviceIo {
 
 /// Stamps of a fused forward's stage clock (`mm::mega::kStamps`): the start, and the end of each
 /// stage for the whole grid ([`FusedStageTimes`]).
-const STAMPS: usize = 9;
+const STAMPS: usize = 8;
 
 /// A fused forward's stages, from the kernel's own clock (`%globaltimer` at the grid barrier after
-/// each stage, ns): count and plan, route and dispatch (each with its meeting of the ranks), L1,
-/// SwiGLU, L2, combine (send, meeting, reduce).
+/// each stage, ns): count and plan, route and dispatch (each with its meeting of the ranks), L1
+/// with its SwiGLU epilogue, L2, combine (send, meeting, reduce).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FusedStageTimes {
     pub plan_ns: u64,
     pub dispatch_ns: u64,
     pub l1_ns: u64,
-    pub swiglu_ns: u64,
     pub l2_ns: u64,
     pub combine_ns: u64,
 }
 
-/// The two layers' GEMM plans of a fused forward with `tokens_per_tile` tokens per tile, for
-/// weights folded as `folds` (w1, w2).
+/// The two layers' GEMM plans of a forward of `recipe` with `tokens_per_tile` tokens per tile, for
+/// weights folded as `folds` (w1, w2): the L1 with its SwiGLU epilogue into the L2's pool.
 pub fn layer_plans(
+    recipe: Recipe,
     routes: Routes,
     tokens_per_tile: usize,
     folds: [Fold; 2],
 ) -> Result<[TilePlan; 2], UnfusedError> {
     Ok([
-        TilePlan::new(routes.l1, tokens_per_tile)?.with_fold(folds[0]),
+        TilePlan::new(routes.l1, tokens_per_tile)?
+            .with_fold(folds[0])
+            .with_epilogue(Epilogue::Swiglu {
+                recipe,
+                pool: routes.l2,
+            }),
         TilePlan::new(routes.l2, tokens_per_tile)?.with_fold(folds[1]),
     ])
 }
@@ -132,7 +138,6 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
         .arches(&[Arch::Sm90a])
         .no_spill()
         .header(MEGA_HEADER)
-        .header(UNFUSED_HEADER)
         .headers(crate::CUDA_HEADERS)
         .headers(barriers::CUDA_HEADERS)
         .header(cuda_rt::CUDA_HEADER)
@@ -151,8 +156,10 @@ pub fn kernels() -> Vec<KernelSpec> {
     .into_iter()
     .flat_map(|(recipe, routes)| {
         tiles.into_iter().map(move |bn| {
-            let plan = |mma| TilePlan::new(mma, bn).expect("listed tile");
-            fused_spec(recipe, [plan(routes.l1), plan(routes.l2)]).expect("one grid shape")
+            let fold = |mma| TilePlan::new(mma, bn).expect("listed tile").fold;
+            let plans = layer_plans(recipe, routes, bn, [fold(routes.l1), fold(routes.l2)])
+                .expect("listed tile");
+            fused_spec(recipe, plans).expect("one grid shape")
         })
     })
     .collect()
@@ -171,6 +178,8 @@ pub struct FusedCore {
     partial_ready: CudaSlice<u32>,
     /// The GEMM layers' dynamic schedule: next item, CTAs done drawing.
     tickets: CudaSlice<u32>,
+    /// The L1's SwiGLU epilogue's pairs: a slot per CTA (as [`crate::GemmCore`]'s); empty without.
+    spill: CudaSlice<f32>,
     /// The error word the GEMM layers' in-kernel waits record into (never reset).
     error: CudaSlice<u64>,
     /// The grid barrier's word.
@@ -220,6 +229,11 @@ impl FusedCore {
             partials: gpu.alloc_zeros(hand_overs * split_tile)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
             tickets: gpu.alloc_zeros(2)?,
+            spill: gpu.alloc_zeros(if l1.epilogue.pairs() {
+                grid as usize * spill_floats(l1.tokens_per_tile)
+            } else {
+                0
+            })?,
             error: gpu.alloc_zeros(1)?,
             grid_word: gpu.alloc_zeros(1)?,
             stage_clock: gpu.alloc_zeros(STAMPS)?,
@@ -239,9 +253,8 @@ impl FusedCore {
             plan_ns: d(0, 2),
             dispatch_ns: d(2, 3),
             l1_ns: d(3, 4),
-            swiglu_ns: d(4, 5),
-            l2_ns: d(5, 6),
-            combine_ns: d(6, 8),
+            l2_ns: d(4, 5),
+            combine_ns: d(5, 7),
         })
     }
 
@@ -280,6 +293,7 @@ impl Pipeline {
     ) -> Result<(), UnfusedError> {
         if !self.fused.contains_key(&tokens_per_tile) {
             let plans = layer_plans(
+                self.shape.recipe,
                 self.shape.routes,
                 tokens_per_tile,
                 [self.w1.fold, self.w2.fold],
@@ -402,6 +416,9 @@ impl Pipeline {
         let topk_idx = io.topk_idx;
         let route = self.route.device_ptr_mut(stream).0;
         let plan_error = self.error_words.slice(1..3).device_ptr(stream).0;
+        let l2_act = self.l2_act.device_ptr_mut(stream).0;
+        let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
+        let swiglu = self.swiglu_out(stream, l2_act, l2_sf);
         let core = self
             .fused
             .get_mut(&tokens_per_tile)
@@ -411,9 +428,7 @@ impl Pipeline {
         let partial_ready = core.partial_ready.device_ptr_mut(stream).0;
         let tickets = core.tickets.device_ptr_mut(stream).0;
         let gemm_error = core.error.device_ptr_mut(stream).0;
-        let l1_out = self.l1_out.device_ptr_mut(stream).0;
-        let l2_act = self.l2_act.device_ptr_mut(stream).0;
-        let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
+        let spill = core.spill.device_ptr_mut(stream).0;
         let l2_out = self.l2_out.device_ptr_mut(stream).0;
         let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| GemmParams {
             w_codes: w.codes.device_ptr(stream).0,
@@ -496,19 +511,7 @@ impl Pipeline {
                 // Rows go straight into their owners' pools: the unstaging would be a stage more.
                 staged: 0,
             },
-            swiglu: SwigluParams {
-                l1_out,
-                meta: own.meta,
-                silu: self.silu.device_ptr(stream).0,
-                l2_act,
-                l2_sf,
-                rows: 0,
-                inter: s.intermediate as i32,
-                sf_stride: s.sf_stride() as i32,
-                has_clamp: i32::from(s.clamp.is_some()),
-                clamp: s.clamp.unwrap_or(0.0),
-                pad: 0,
-            },
+            swiglu: swiglu.params(spill),
             combine_send: CombineSendParams {
                 l2_out,
                 meta: own.meta,
@@ -537,7 +540,7 @@ impl Pipeline {
                 error_word: self.error_words.slice(0..1).device_ptr(stream).0,
                 timeout_ns: self.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64,
             },
-            l1: layer(p1, &self.w1, own.l1_sf, l1_out),
+            l1: layer(p1, &self.w1, own.l1_sf, 0),
             l2: layer(p2, &self.w2, l2_sf, l2_out),
             grid_word: core.grid_word.device_ptr_mut(stream).0,
             stage_clock: if stage_clock {
@@ -552,8 +555,7 @@ impl Pipeline {
         // The maps cover every row of the pools; a tile past its expert's rows reads rows whose
         // results are never stored.
         let rows = s.pool_rows;
-        let [l1_act_map, l1_out_map] =
-            p1.tensor_maps(own.l1_act, rows, s.hidden, l1_out, 2 * s.intermediate)?;
+        let [l1_act_map, _] = p1.tensor_maps(own.l1_act, rows, s.hidden, 0, 2 * s.intermediate)?;
         let [l2_act_map, l2_out_map] =
             p2.tensor_maps(l2_act, rows, s.intermediate, l2_out, s.hidden)?;
         let mut config =
@@ -570,7 +572,6 @@ impl Pipeline {
                 .launch(stream, config)
                 .scalar(params)
                 .tensor_map(&l1_act_map)
-                .tensor_map(&l1_out_map)
                 .tensor_map(&l2_act_map)
                 .tensor_map(&l2_out_map)
                 .launch()?

@@ -11,7 +11,8 @@ use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use fp_formats::Recipe;
 
-use crate::transform::{BLOCK_K, CODE_BYTES, Fold, GemmWeights, TILE_ROWS};
+use crate::epilogue::{Epilogue, SwigluOut, spill_floats};
+use crate::transform::{BLOCK_K, CODE_BYTES, Fold, GemmWeights, RowOrder, TILE_ROWS};
 
 /// How the tensor core multiplies FP8 activations by MXFP4 weights: the two main loops of the
 /// grouped GEMM. The activation scale group (the recipe) matters only to the pool's producer.
@@ -178,16 +179,24 @@ const TWO_CTAS: [(Mma, usize); 4] = [
 ];
 /// Deep enough that small tiles keep ~170 KiB of weights in flight per SM (HBM latency × bandwidth).
 const MAX_STAGES: usize = 16;
-/// Shared memory where the epilogue gathers a tile's outputs as BF16 token rows for the TMA to
-/// store: the tile's tokens × 64 outputs per consumer warpgroup, for FP8 tiles with one CTA per SM.
-/// 2026-11-30, H200, both in one run (perf.md v19): staging made FP8 T=8192 −3 %, but the BF16
-/// route's 256-token cluster tiles +3 % (a stage less; the pipeline's mx32 +7 %), so BF16 keeps
-/// storing its fragments directly; two CTAs per SM (small tiles) have no memory to spare.
+/// Whether the BF16 epilogue gathers a tile's outputs as BF16 token rows in shared memory for the
+/// TMA to store (the tile's tokens × 64 outputs per consumer warpgroup): FP8 tiles with one CTA
+/// per SM. 2026-11-30, H200, both in one run (perf.md v19): staging made FP8 T=8192 −3 %, but the
+/// BF16 route's 256-token cluster tiles +3 % (a stage less; the pipeline's mx32 +7 %), so BF16
+/// keeps storing its fragments directly; two CTAs per SM (small tiles) have no memory to spare.
+const fn box_epilogue(mma: Mma, ctas_per_sm: usize) -> bool {
+    matches!(mma, Mma::Fp8) && ctas_per_sm == 1
+}
+
+/// The epilogue's shared memory (`kEpilogueBytes`): the box where there is one, at least a byte
+/// per (token, consumer warp), where the SwiGLU epilogue's warps meet; those bytes fit in every
+/// plan's slack (no plan loses a stage to them: `plans_fit_shared_memory_and_registers`).
 const fn epilogue_bytes(mma: Mma, ctas_per_sm: usize, tokens_per_tile: usize) -> usize {
-    if matches!(mma, Mma::Fp8) && ctas_per_sm == 1 {
+    let exchange = 8 * tokens_per_tile;
+    if box_epilogue(mma, ctas_per_sm) && 2 * tokens_per_tile * 128 > exchange {
         2 * tokens_per_tile * 128
     } else {
-        0
+        exchange
     }
 }
 
@@ -201,6 +210,17 @@ pub enum GemmError {
     TokenTile { mma: Mma, tile: usize },
     #[error("the GEMM core is built for {core}, the weights were transformed for {weights}")]
     MmaMismatch { core: Mma, weights: Mma },
+    #[error(
+        "the GEMM core's epilogue is {core:?}, the launch asked for {launch} (TilePlan::with_epilogue)"
+    )]
+    EpilogueMismatch {
+        core: Epilogue,
+        launch: &'static str,
+    },
+    #[error(
+        "the SwiGLU epilogue needs gate/up interleaved weights (transform_l1_weights), these are {rows:?}"
+    )]
+    RowOrder { rows: RowOrder },
     #[error(
         "the GEMM core is built for the fold {core:?}, the weights have {weights:?} \
          (TilePlan::with_fold(weights.fold))"
@@ -260,6 +280,8 @@ pub struct TilePlan {
     /// weights. Off for the two-CTA tiles: with register tables ptxas serialized their wgmmas
     /// (C7511: not enough registers for the wgmma pipeline at 96 per consumer thread, perf.md v30).
     pub register_tables: bool,
+    /// What a finished tile becomes ([`Epilogue`]): BF16 out, or (the L1) SwiGLU into the L2 pool.
+    pub epilogue: Epilogue,
 }
 
 impl TilePlan {
@@ -296,6 +318,7 @@ impl TilePlan {
             dynamic: true,
             narrow_tiles: !(mma == Mma::Fp8 && tokens_per_tile == 16),
             register_tables: !TWO_CTAS.contains(&(mma, tokens_per_tile)),
+            epilogue: Epilogue::Bf16Out,
         };
         Ok(plan.with_ctas_per_sm(ctas_per_sm).with_fold(Fold {
             row_base: true,
@@ -306,8 +329,8 @@ impl TilePlan {
     /// The same tile with `ctas_per_sm` (1 or 2) CTAs per SM and the stages that fit them; for
     /// benchmarks that compare the two.
     ///
-    /// Clusters of two for the BF16 route's one-CTA-per-SM tiles (large T; see `cluster`); the
-    /// small two-CTA tiles move little activation data.
+    /// Clusters of two for the BF16 route's one-CTA-per-SM tiles (large T; see `cluster`) unless
+    /// the epilogue walks tiles in pairs; the small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
         let stages = ((SMEM_BUDGET[ctas_per_sm - 1]
@@ -317,7 +340,7 @@ impl TilePlan {
         Self {
             stages,
             ctas_per_sm,
-            cluster: if ctas_per_sm == 1 && self.mma == Mma::Bf16 {
+            cluster: if ctas_per_sm == 1 && self.mma == Mma::Bf16 && !self.epilogue.pairs() {
                 2
             } else {
                 1
@@ -326,14 +349,33 @@ impl TilePlan {
         }
     }
 
-    /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route).
+    /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route without pairs).
     pub fn with_cluster(self, cluster: usize) -> Self {
         assert!(
-            cluster == 1 || (cluster == 2 && self.mma == Mma::Bf16),
-            "cluster of {cluster} on the {} route",
-            self.mma
+            cluster == 1 || (cluster == 2 && self.mma == Mma::Bf16 && !self.epilogue.pairs()),
+            "cluster of {cluster} on the {} route with {:?}",
+            self.mma,
+            self.epilogue
         );
         Self { cluster, ..self }
+    }
+
+    /// The same tile with `epilogue`; one whose outputs span pairs of tiles runs without clusters.
+    /// The SwiGLU epilogue's tiles are drawn whole: with the split tail's code beside it, ptxas
+    /// spilled the two-CTA mx32 tiles (the split gains ≈ 0.7 %, perf.md v29).
+    pub fn with_epilogue(self, epilogue: Epilogue) -> Self {
+        let plan = Self { epilogue, ..self };
+        match epilogue {
+            Epilogue::Bf16Out => plan,
+            Epilogue::Swiglu { .. } => {
+                let plan = plan.with_split_parts(1);
+                if epilogue.pairs() {
+                    plan.with_cluster(1)
+                } else {
+                    plan
+                }
+            }
+        }
     }
 
     /// The same tile with the split tail on or off (it applies to drawn two-CTA tiles only).
@@ -366,9 +408,13 @@ impl TilePlan {
         self.dynamic && self.cluster == 1
     }
 
-    /// Whether launches draw their last items in parts of K (`kSplitTail` in the kernel).
+    /// Whether launches draw their last items in parts of K (`kSplitTail` in the kernel): not with
+    /// pairs, whose items are drawn whole.
     pub fn splits_tail(&self) -> bool {
-        self.split_parts > 1 && self.ctas_per_sm == 2 && self.schedules_dynamically()
+        self.split_parts > 1
+            && self.ctas_per_sm == 2
+            && self.schedules_dynamically()
+            && !self.epilogue.pairs()
     }
 
     /// The same tile with FP8 decode tables in registers (where the weights allow) or in shared
@@ -402,8 +448,8 @@ impl TilePlan {
         }
     }
 
-    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's rows
-    /// (FP8, one CTA per SM), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables
+    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's
+    /// (`epilogue_bytes`), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables
     /// (and the launch's item count), and the producer's ring of 32-B unit descriptors, one
     /// longer than the stages.
     pub fn smem_bytes(&self) -> usize {
@@ -416,27 +462,52 @@ impl TilePlan {
 
     /// The JIT specialization.
     pub fn spec(&self) -> KernelSpec {
-        self.defined(
-            KernelSpec::new(
-                format!("megamoe-kernel/sm90_moe_gemm/{}", self.tag()),
-                crate::GEMM_SOURCE,
-            ),
-            "MM_",
-        )
-        .define("MM_SMEM_BYTES", self.smem_bytes())
-        .arches(&[Arch::Sm90a])
-        .no_spill()
-        .headers(crate::CUDA_HEADERS)
-        .headers(barriers::CUDA_HEADERS)
-        .header(cuda_rt::CUDA_HEADER)
-        .header(fp_formats::CUDA_HEADER)
+        let spec = self
+            .epilogue
+            .defines()
+            .into_iter()
+            .fold(
+                self.defined(
+                    KernelSpec::new(
+                        format!("megamoe-kernel/sm90_moe_gemm/{}", self.tag()),
+                        crate::GEMM_SOURCE,
+                    ),
+                    "MM_",
+                ),
+                |spec, (name, value)| spec.define(name, value),
+            )
+            .define("MM_SMEM_BYTES", self.smem_bytes())
+            .arches(&[Arch::Sm90a])
+            .headers(crate::CUDA_HEADERS)
+            .headers(barriers::CUDA_HEADERS)
+            .header(cuda_rt::CUDA_HEADER)
+            .header(fp_formats::CUDA_HEADER);
+        if self.known_spill() {
+            spec
+        } else {
+            spec.no_spill()
+        }
     }
 
-    /// What names this specialization among the others: route, tile, CTAs per SM, cluster, fold
-    /// and the options compiled in.
+    /// The one specialization known to spill (`cargo xtask kernels` shows its bytes, and fails on
+    /// any other): the g128/bf16 route's L1 (BF16 L2 pool, tiles in pairs) at 256 tokens, whose
+    /// SwiGLU epilogue leaves ptxas 56–60 B short of the consumers' 224 registers (2026-12-02,
+    /// perf.md v76); its bf16-fp8 and mx32 siblings fit.
+    fn known_spill(&self) -> bool {
+        self.mma == Mma::Bf16
+            && self.tokens_per_tile == 256
+            && self.epilogue
+                == (Epilogue::Swiglu {
+                    recipe: Recipe::G128,
+                    pool: Mma::Bf16,
+                })
+    }
+
+    /// What names this specialization among the others: route, tile, CTAs per SM, cluster, fold,
+    /// the options compiled in and the epilogue.
     pub fn tag(&self) -> String {
         format!(
-            "{}/bn{}/cta{}{}{}{}{}{}",
+            "{}/bn{}/cta{}{}{}{}{}{}{}",
             self.mma,
             self.tokens_per_tile,
             self.ctas_per_sm,
@@ -453,6 +524,7 @@ impl TilePlan {
             },
             if self.narrows_tiles() { "/narrow" } else { "" },
             if self.splits_tail() { "/split" } else { "" },
+            self.epilogue.tag(),
         )
     }
 
@@ -469,6 +541,7 @@ impl TilePlan {
             ("FOLD_REGS", usize::from(self.tables_in_registers())),
             ("NARROW", usize::from(self.narrows_tiles())),
             ("SPLIT", usize::from(self.splits_tail())),
+            ("PAIRS", usize::from(self.epilogue.pairs())),
             ("CLUSTER", self.cluster),
         ]
         .into_iter()
@@ -479,9 +552,9 @@ impl TilePlan {
 
     /// The launch's two tensor maps over a pool of `rows` rows of K at `act` and its output of
     /// `rows` rows of `n` at `out`: the activations (one box = 128 bytes of K by BN rows, 128-byte
-    /// swizzled: the WGMMA B-operand tile), and the epilogue's box (FP8 one-CTA tiles: a consumer
-    /// warpgroup's 64 outputs of BN tokens, in the layout its shared buffer holds them; other
-    /// plans get the activations' map again, unread).
+    /// swizzled: the WGMMA B-operand tile), and the epilogue's box (BF16 out of FP8 one-CTA tiles: a
+    /// consumer warpgroup's 64 outputs of BN tokens, in the layout its shared buffer holds them;
+    /// other plans get the activations' map again, unread).
     pub fn tensor_maps(
         &self,
         act: u64,
@@ -505,19 +578,20 @@ impl TilePlan {
         )
         .swizzle(Swizzle::B128)
         .encode()?;
-        let out_map = if epilogue_bytes(self.mma, self.ctas_per_sm, bn as usize) > 0 {
-            TensorMapDesc::matrix(
-                TmaDataType::BF16,
-                out,
-                [rows as u64, n as u64],
-                n as u64 * 2,
-                [bn, 64],
-            )
-            .swizzle(Swizzle::B128)
-            .encode()?
-        } else {
-            map
-        };
+        let out_map =
+            if box_epilogue(self.mma, self.ctas_per_sm) && self.epilogue == Epilogue::Bf16Out {
+                TensorMapDesc::matrix(
+                    TmaDataType::BF16,
+                    out,
+                    [rows as u64, n as u64],
+                    n as u64 * 2,
+                    [bn, 64],
+                )
+                .swizzle(Swizzle::B128)
+                .encode()?
+            } else {
+                map
+            };
         Ok([map, out_map])
     }
 
@@ -559,8 +633,28 @@ pub fn kernels() -> Vec<KernelSpec> {
                 })
             })
         })
+        .chain(l1_plans())
         .map(|plan| plan.spec())
         .collect()
+}
+
+/// The L1's specializations (its SwiGLU epilogue into each L2 pool a pipeline route pairs it
+/// with: g128/fp8, g128/bf16-fp8, g128/bf16, mx32/bf16) at every tile, weights with the default fold.
+fn l1_plans() -> impl Iterator<Item = TilePlan> {
+    [
+        (Mma::Fp8, Recipe::G128, Mma::Fp8),
+        (Mma::Bf16, Recipe::G128, Mma::Fp8),
+        (Mma::Bf16, Recipe::G128, Mma::Bf16),
+        (Mma::Bf16, Recipe::Mx32, Mma::Bf16),
+    ]
+    .into_iter()
+    .flat_map(|(mma, recipe, pool)| {
+        TOKEN_TILES.into_iter().map(move |bn| {
+            TilePlan::new(mma, bn)
+                .expect("listed tile")
+                .with_epilogue(Epilogue::Swiglu { recipe, pool })
+        })
+    })
 }
 
 /// Parts of K a split-tail item is drawn in, at most (`kMaxSplitParts`).
@@ -601,6 +695,7 @@ pub struct DeviceWeights {
     pub n: usize,
     pub k: usize,
     pub fold: Fold,
+    pub rows: RowOrder,
     pub(crate) codes: CudaSlice<u8>,
     pub(crate) meta: CudaSlice<u32>,
 }
@@ -613,6 +708,7 @@ impl DeviceWeights {
             n: w.n,
             k: w.k,
             fold: w.fold,
+            rows: w.rows,
             codes: gpu.upload(&w.codes)?,
             meta: gpu.upload(&w.meta)?,
         })
@@ -719,6 +815,12 @@ pub(crate) fn persistent_grid(
     Ok(cluster * clusters)
 }
 
+/// Where a launch's finished tiles go: BF16 rows, or (the L1) the SwiGLU epilogue's L2 pool.
+enum Output<'o> {
+    Bf16(&'o mut CudaSlice<u16>),
+    Swiglu(&'o SwigluOut),
+}
+
 /// One compiled specialization, ready to launch.
 pub struct GemmCore {
     pub plan: TilePlan,
@@ -733,6 +835,8 @@ pub struct GemmCore {
     /// Dynamic schedule: the next item and the CTAs done drawing, zero between launches; empty
     /// for the static schedule.
     tickets: CudaSlice<u32>,
+    /// The SwiGLU epilogue's pairs: a slot per CTA ([`spill_floats`]); empty without pairs.
+    spill: CudaSlice<f32>,
     /// The error word every launch records a wait that gave up in (barriers' format, zeroed
     /// once, never reset: [`GemmCore::check_error`]).
     error: CudaSlice<u64>,
@@ -770,6 +874,11 @@ impl GemmCore {
             partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
             tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
+            spill: gpu.alloc_zeros(if plan.epilogue.pairs() {
+                grid as usize * spill_floats(plan.tokens_per_tile)
+            } else {
+                0
+            })?,
             error: gpu.alloc_zeros(1)?,
             chained: false,
         })
@@ -803,7 +912,25 @@ impl GemmCore {
         pool: &Pool,
         out: &mut CudaSlice<u16>,
     ) -> Result<(), GemmError> {
-        self.launch(gpu, weights, pool, out, None)
+        self.launch(gpu, weights, pool, Output::Bf16(out), None)
+    }
+
+    /// The L1 with its SwiGLU epilogue ([`Epilogue::Swiglu`], gate/up interleaved `weights`): every
+    /// row of every expert through SwiGLU × its top-k weight, re-quantized into `out`'s L2 pool
+    /// (rows as the pool's). Queued on the stream, as [`Self::run`].
+    ///
+    /// # Safety
+    /// `out`'s addresses are device memory of this GPU sized for `pool.rows` rows of
+    /// `out.intermediate` (the scales for `out.sf_stride` ≥ the pool's tiles), live and not used by
+    /// other work until the launch is done.
+    pub unsafe fn run_swiglu(
+        &mut self,
+        gpu: &Gpu,
+        weights: &DeviceWeights,
+        pool: &Pool,
+        out: &SwigluOut,
+    ) -> Result<(), GemmError> {
+        self.launch(gpu, weights, pool, Output::Swiglu(out), None)
     }
 
     /// [`Self::run`], and a timeline of every CTA into `trace` (`[grid][4]`: start, end of each
@@ -824,7 +951,7 @@ impl GemmCore {
                 detail: format!("{} words for a grid of {}", trace.len(), self.grid),
             });
         }
-        self.launch(gpu, weights, pool, out, Some(trace))
+        self.launch(gpu, weights, pool, Output::Bf16(out), Some(trace))
     }
 
     /// CTAs of every launch.
@@ -837,16 +964,26 @@ impl GemmCore {
         gpu: &Gpu,
         weights: &DeviceWeights,
         pool: &Pool,
-        out: &mut CudaSlice<u16>,
+        out: Output,
         trace: Option<&mut CudaSlice<u64>>,
     ) -> Result<(), GemmError> {
-        self.check(weights, pool, out.len())?;
+        self.check(weights, pool, &out)?;
         let stream = gpu.stream();
         let (codes, _g1) = weights.codes.device_ptr(stream);
         let (meta, _g2) = weights.meta.device_ptr(stream);
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
-        let (out_addr, _g6) = out.device_ptr_mut(stream);
+        let (out_addr, _g6, swiglu) = match out {
+            Output::Bf16(out) => {
+                let (addr, guard) = out.device_ptr_mut(stream);
+                (addr, Some(guard), None)
+            }
+            Output::Swiglu(out) => (
+                0,
+                None,
+                Some(out.params(self.spill.device_ptr_mut(stream).0)),
+            ),
+        };
         let [map, out_map] =
             self.plan
                 .tensor_maps(pool.act.ptr(), pool.rows, weights.k, out_addr, weights.n)?;
@@ -895,26 +1032,54 @@ impl GemmCore {
         if self.plan.cluster > 1 {
             config = config.cluster([self.plan.cluster as u32, 1, 1]);
         }
+        let mut launch = self
+            .kernel
+            .launch(stream, config)
+            .scalar(params)
+            .tensor_map(&map)
+            .tensor_map(&out_map);
+        if let Some(swiglu) = swiglu {
+            launch = launch.scalar(swiglu);
+        }
         // SAFETY: `check` proved every buffer covers what the kernel reads and writes for this pool
-        // (the pool's `DeviceBytes` vouch for their lengths).
-        unsafe {
-            self.kernel
-                .launch(stream, config)
-                .scalar(params)
-                .tensor_map(&map)
-                .tensor_map(&out_map)
-                .launch()?
-        };
+        // (the pool's `DeviceBytes` vouch for their lengths; run_swiglu's caller for the L2 pool's).
+        unsafe { launch.launch()? };
         Ok(())
     }
 
-    fn check(&self, weights: &DeviceWeights, pool: &Pool, out_len: usize) -> Result<(), GemmError> {
+    fn check(&self, weights: &DeviceWeights, pool: &Pool, out: &Output) -> Result<(), GemmError> {
         let bad = |what, detail: String| Err(GemmError::Pool { what, detail });
         if weights.mma != self.plan.mma {
             return Err(GemmError::MmaMismatch {
                 core: self.plan.mma,
                 weights: weights.mma,
             });
+        }
+        match (out, self.plan.epilogue) {
+            (Output::Bf16(_), Epilogue::Bf16Out) => {}
+            (Output::Swiglu(out), Epilogue::Swiglu { .. }) => {
+                if weights.rows != RowOrder::GateUp {
+                    return Err(GemmError::RowOrder { rows: weights.rows });
+                }
+                if weights.n != 2 * out.intermediate {
+                    return bad(
+                        "SwiGLU output",
+                        format!(
+                            "{} weight rows for I = {} (2I gate and up rows)",
+                            weights.n, out.intermediate
+                        ),
+                    );
+                }
+            }
+            (out, core) => {
+                return Err(GemmError::EpilogueMismatch {
+                    core,
+                    launch: match out {
+                        Output::Bf16(_) => "BF16 out",
+                        Output::Swiglu(_) => "SwiGLU",
+                    },
+                });
+            }
         }
         if weights.fold != self.plan.fold {
             return Err(GemmError::FoldMismatch {
@@ -934,10 +1099,17 @@ impl GemmCore {
                 ),
             );
         }
-        if out_len < pool.rows * weights.n {
+        if let Output::Bf16(out) = out
+            && out.len() < pool.rows * weights.n
+        {
             return bad(
                 "output",
-                format!("{out_len} elements for {} rows of {}", pool.rows, weights.n),
+                format!(
+                    "{} elements for {} rows of {}",
+                    out.len(),
+                    pool.rows,
+                    weights.n
+                ),
             );
         }
         if pool.expert_offset.len() != weights.num_experts
@@ -1072,10 +1244,13 @@ mod tests {
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            2 * 2 + 3 * 4 + 5,
+            2 * 2 + 3 * 4 + 5 + 4 * 5,
             "two folds per two-CTA FP8 tile (tables in shared memory), four per one-CTA FP8 tile, \
-             one per BF16 tile"
+             one per BF16 tile; the L1's SwiGLU into each of four pools at every tile"
         );
+        assert!(names.contains(
+            "megamoe-kernel/sm90_moe_gemm/fp8/bn128/cta1/rowbase/regfold/swiglu-g128-fp8"
+        ));
     }
 
     #[test]
@@ -1116,6 +1291,29 @@ mod tests {
         assert!(
             !plan(Mma::Fp8, 32).with_dynamic(false).splits_tail(),
             "only drawn items split"
+        );
+    }
+
+    #[test]
+    fn g128_swiglu_walks_pairs_without_clusters_or_split_tails() {
+        let swiglu = |recipe| Epilogue::Swiglu {
+            recipe,
+            pool: Mma::Bf16,
+        };
+        let plan = |bn, e| TilePlan::new(Mma::Bf16, bn).unwrap().with_epilogue(e);
+        assert!(plan(256, swiglu(Recipe::G128)).epilogue.pairs());
+        assert_eq!(plan(256, swiglu(Recipe::G128)).cluster, 1);
+        assert_eq!(
+            plan(256, swiglu(Recipe::Mx32)).cluster,
+            2,
+            "mx32 groups fit a tile"
+        );
+        assert!(!plan(32, swiglu(Recipe::Mx32)).splits_tail());
+        assert!(plan(32, Epilogue::Bf16Out).splits_tail());
+        assert_eq!(
+            plan(128, swiglu(Recipe::G128)).smem_bytes(),
+            plan(128, Epilogue::Bf16Out).with_cluster(1).smem_bytes(),
+            "the epilogue's exchange fits in the plan"
         );
     }
 

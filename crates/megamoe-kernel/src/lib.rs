@@ -2,10 +2,12 @@
 //! weight transforms from the canonical MXFP4 layout into each kernel's layout, the activation
 //! pools' channel order ([`pool_order`]) that every pool writer follows, the JIT
 //! specializations (`KernelSpec`s) and their launches: the Hopper grouped GEMM
-//! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`]) and the engine of the
+//! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`])
+//! and epilogue ([`epilogue`]: BF16 out, or the L1's SwiGLU into the L2 pool) and the engine of the
 //! unfused and fused pipelines, the unfused pipeline's glue kernels ([`unfused`]) and the fused
 //! forward, one persistent launch of the same device functions ([`fused`]).
 
+pub mod epilogue;
 pub mod fused;
 pub mod gemm;
 pub mod pool_order;
@@ -13,9 +15,12 @@ pub mod problem;
 pub mod transform;
 pub mod unfused;
 
+pub use epilogue::{Epilogue, SwigluOut};
 pub use fused::FusedCore;
 pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Routes, TilePlan};
-pub use transform::{Fold, GemmWeights, TransformError, transform_weights};
+pub use transform::{
+    Fold, GemmWeights, RowOrder, TransformError, transform_l1_weights, transform_weights,
+};
 pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
 
 /// Every kernel specialization of this crate (the grouped GEMM's and the unfused pipeline's glue),
@@ -28,13 +33,15 @@ pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
 }
 
 /// Device sources of this crate, for the JIT's in-memory include tree.
-pub const CUDA_HEADERS: [(&str, &str); 3] = [
+pub const CUDA_HEADERS: [(&str, &str); 5] = [
     ("sm90_ptx.cuh", include_str!("../cuda/sm90_ptx.cuh")),
     pool_order::CUDA_HEADER,
     (
         "sm90_moe_gemm.cuh",
         include_str!("../cuda/sm90_moe_gemm.cuh"),
     ),
+    unfused::UNFUSED_HEADER,
+    ("sm90_swiglu.cuh", include_str!("../cuda/sm90_swiglu.cuh")),
 ];
 /// The grouped GEMM's entry point, specialized with `-DMM_BN` and `-DMM_FP8`.
 pub const GEMM_SOURCE: (&str, &str) =

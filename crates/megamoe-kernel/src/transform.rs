@@ -3,7 +3,9 @@
 //! (`cuda/sm90_moe_gemm.cuh` documents it): per (expert, 128-row tile, k128 block) 8 KiB of codes in
 //! the order the consumer threads read their register fragments, and one u32 of scale metadata
 //! per row. For the FP8 route ([`Mma::Fp8`]) the four per-32 scales of a k128 block are folded into offsets from a base;
-//! a block whose scales span more than 14 binades cannot be folded exactly and is refused.
+//! a block whose scales span more than 14 binades cannot be folded exactly and is refused. The L1's
+//! weights ([`transform_l1_weights`]) also interleave their gate and up rows ([`RowOrder::GateUp`]),
+//! for the SwiGLU epilogue.
 
 use fp_formats::{fold, pack};
 
@@ -71,6 +73,37 @@ pub struct Fold {
     pub in_registers: bool,
 }
 
+/// Which canonical row each of the GEMM's weight rows (its output columns) holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RowOrder {
+    /// Weight row r is canonical row r.
+    #[default]
+    Canonical,
+    /// The L1's gate and up rows interleaved for the SwiGLU epilogue (`cuda/sm90_swiglu.cuh`): in
+    /// every 16 rows, the gates of 8 channels and then their ups, so that a consumer thread's two
+    /// accumulator rows (r, r + 8) are one channel's gate and up. Row r holds channel
+    /// c = 8 (r / 16) + r % 8: its gate (canonical row c) when r / 8 is even, its up (canonical row
+    /// I + c, I = n / 2) when odd; weight tile t holds channels 64 t .. 64 t + 63.
+    GateUp,
+}
+
+impl RowOrder {
+    /// The canonical row that weight row `row` of `n` holds.
+    pub fn source(self, row: usize, n: usize) -> usize {
+        match self {
+            RowOrder::Canonical => row,
+            RowOrder::GateUp => {
+                let channel = row / 16 * 8 + row % 8;
+                if (row / 8).is_multiple_of(2) {
+                    channel
+                } else {
+                    n / 2 + channel
+                }
+            }
+        }
+    }
+}
+
 /// Expert weights in the grouped GEMM's layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GemmWeights {
@@ -82,6 +115,8 @@ pub struct GemmWeights {
     pub k: usize,
     /// How the FP8 route's scales fold (the GEMM specialization must match it).
     pub fold: Fold,
+    /// Which canonical row each weight row holds (the L1's SwiGLU epilogue needs [`RowOrder::GateUp`]).
+    pub rows: RowOrder,
     /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
     pub codes: Vec<u8>,
     /// `[E][n/128][k/128][128]`.
@@ -101,7 +136,7 @@ impl GemmWeights {
 /// block's largest weight at most 12), and the smallest decoded value 0.5·2^(s-127) one too (s >= 2).
 const BF16_SCALE_RANGE: (u8, u8) = (2, 128);
 
-/// Transforms `num_experts` experts of `n` rows by `k` columns.
+/// Transforms `num_experts` experts of `n` rows by `k` columns, rows in their canonical order.
 pub fn transform_weights(
     mma: Mma,
     w: &[u8],
@@ -109,6 +144,40 @@ pub fn transform_weights(
     num_experts: usize,
     n: usize,
     k: usize,
+) -> Result<GemmWeights, TransformError> {
+    transform_rows(mma, w, w_sf, num_experts, n, k, RowOrder::Canonical)
+}
+
+/// Transforms the L1's weights (`w1`, `w1_sf`: `num_experts` experts of 2I rows, gates then ups, by
+/// H columns) for the L1 GEMM with its SwiGLU epilogue: gate and up rows interleaved
+/// ([`RowOrder::GateUp`]).
+pub fn transform_l1_weights(
+    mma: Mma,
+    w1: &[u8],
+    w1_sf: &[u8],
+    num_experts: usize,
+    intermediate: usize,
+    hidden: usize,
+) -> Result<GemmWeights, TransformError> {
+    transform_rows(
+        mma,
+        w1,
+        w1_sf,
+        num_experts,
+        2 * intermediate,
+        hidden,
+        RowOrder::GateUp,
+    )
+}
+
+fn transform_rows(
+    mma: Mma,
+    w: &[u8],
+    w_sf: &[u8],
+    num_experts: usize,
+    n: usize,
+    k: usize,
+    rows: RowOrder,
 ) -> Result<GemmWeights, TransformError> {
     for (name, value) in [("rows", n), ("K", k)] {
         if value % TILE_ROWS != 0 {
@@ -151,8 +220,10 @@ pub fn transform_weights(
                 mma,
                 w: &w[e * n * k / 2..][..n * k / 2],
                 sf: &w_sf[e * n * k / 32..][..n * k / 32],
+                n,
                 k,
                 e,
+                rows,
                 row0: tile * TILE_ROWS,
                 kb,
                 row_max: row_max.as_deref().map(|m| &m[e * n..][..n]),
@@ -177,6 +248,7 @@ pub fn transform_weights(
             row_base: row_max.is_some(),
             in_registers,
         },
+        rows,
         codes,
         meta,
     })
@@ -204,36 +276,44 @@ fn check_size(
     }
 }
 
-/// One (expert, tile, k128 block) of one expert's canonical weights.
+/// One (expert, tile, k128 block) of one expert's canonical weights (`n` rows of `k`), its weight
+/// rows in `rows` order.
 struct Block<'a> {
     mma: Mma,
     w: &'a [u8],
     sf: &'a [u8],
+    n: usize,
     k: usize,
     e: usize,
+    rows: RowOrder,
     row0: usize,
     kb: usize,
-    /// FP8 with one base per row: each row's largest scale byte over all of K.
+    /// FP8 with one base per row: each canonical row's largest scale byte over all of K.
     row_max: Option<&'a [u8]>,
 }
 
 impl Block<'_> {
+    /// The canonical row of the block's weight row `row`.
+    fn source(&self, row: usize) -> usize {
+        self.rows.source(self.row0 + row, self.n)
+    }
+
     fn code(&self, row: usize, col: usize) -> u8 {
         pack::e2m1_at(
-            &self.w[(self.row0 + row) * self.k / 2..][..self.k / 2],
+            &self.w[self.source(row) * self.k / 2..][..self.k / 2],
             self.kb * BLOCK_K + col,
         )
     }
 
     fn scales(&self, row: usize) -> [u8; 4] {
-        let at = (self.row0 + row) * (self.k / 32) + self.kb * 4;
+        let at = self.source(row) * (self.k / 32) + self.kb * 4;
         self.sf[at..at + 4].try_into().unwrap()
     }
 
     fn write_meta(&self, meta: &mut [u32]) -> Result<(), TransformError> {
         for (row, m) in meta.iter_mut().enumerate() {
             let bytes = self.scales(row);
-            let global_row = self.row0 + row;
+            let global_row = self.source(row);
             let range = match self.mma {
                 Mma::Bf16 => BF16_SCALE_RANGE,
                 Mma::Fp8 => (1, 254),
@@ -594,5 +674,42 @@ mod tests {
             matches!(err, TransformError::ScaleRange { byte: 255, .. }),
             "{err}"
         );
+    }
+
+    /// The L1's transform is the plain transform of its rows interleaved as `RowOrder::GateUp`
+    /// says: in every 16 rows the gates of 8 channels, then their ups.
+    #[test]
+    fn l1_rows_interleave_gate_and_up() {
+        let (e, i, h) = (2, 128, 256);
+        let (w, sf) = random_weights(e, 2 * i, h, 118..=124, 7);
+        let order: Vec<usize> = (0..2 * i)
+            .map(|r| RowOrder::GateUp.source(r, 2 * i))
+            .collect();
+        assert_eq!(
+            &order[..17],
+            &[
+                0, 1, 2, 3, 4, 5, 6, 7, 128, 129, 130, 131, 132, 133, 134, 135, 8
+            ]
+        );
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..2 * i).collect::<Vec<_>>(), "a permutation");
+        let (mut pw, mut psf) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            for &r in &order {
+                let row = x * 2 * i + r;
+                pw.extend_from_slice(&w[row * h / 2..][..h / 2]);
+                psf.extend_from_slice(&sf[row * h / 32..][..h / 32]);
+            }
+        }
+        for mma in [Mma::Fp8, Mma::Bf16] {
+            let l1 = transform_l1_weights(mma, &w, &sf, e, i, h).unwrap();
+            let plain = transform_weights(mma, &pw, &psf, e, 2 * i, h).unwrap();
+            assert_eq!(l1.rows, RowOrder::GateUp);
+            assert_eq!(
+                (l1.codes, l1.meta, l1.fold),
+                (plain.codes, plain.meta, plain.fold)
+            );
+        }
     }
 }

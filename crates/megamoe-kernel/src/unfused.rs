@@ -1,6 +1,7 @@
-//! The unfused MoE pipeline on one GPU of an expert-parallel world: dispatch → L1 GEMM → SwiGLU +
-//! re-quantization → L2 GEMM → combine, each its own launch (`cuda/sm90_unfused.cuh` for the glue,
-//! the grouped GEMM of [`crate::gemm`] for L1/L2). After each stage that writes into peers
+//! The unfused MoE pipeline on one GPU of an expert-parallel world: dispatch → L1 GEMM (its
+//! epilogue SwiGLU + re-quantization into the L2 pool, [`crate::epilogue`]) → L2 GEMM → combine,
+//! each its own launch (`cuda/sm90_unfused.cuh` for the glue, the grouped GEMM of [`crate::gemm`]
+//! for L1/L2). After each stage that writes into peers
 //! ([`Pipeline::dispatch`], [`Pipeline::combine_send`]) the ranks meet on the device
 //! ([`Pipeline::rank_barrier`]: `barriers`' cross-rank barrier, which times out into an error
 //! word, as do the GEMMs' split-tail hand-overs; [`Pipeline::check_errors`]), so a forward is one
@@ -31,23 +32,27 @@ use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use barriers::BarrierError;
-use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PinnedHostSlice};
+use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice};
 use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 use symm_mem::{MAX_RANKS, SymmBuffer};
 
+use crate::epilogue::{Epilogue, SwigluOut};
 use crate::gemm::{
     DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Route, Routes, TOKEN_TILES,
     TilePlan,
 };
 use crate::problem::POOL_ROW_ALIGN;
 use crate::transform::Fold;
-use crate::transform::{BLOCK_K, GemmWeights};
+use crate::transform::{BLOCK_K, GemmWeights, RowOrder};
+
+/// A compiled GEMM core of a pipeline: route, token tile, fold, epilogue.
+pub(crate) type CoreKey = (Mma, usize, Fold, Epilogue);
 
 /// Threads per CTA of every glue kernel (`mm::unfused::kThreads`).
 const THREADS: u32 = 128;
-/// Distinct BF16 values: entries of the SiLU table.
-const BF16_VALUES: usize = 1 << 16;
+/// Entries of the SiLU table: every BF16 value, then the clamp's (`mm::unfused::kSiluClampEntry`).
+const SILU_ENTRIES: usize = (1 << 16) + 1;
 /// The largest GEMM token tile: g128 scale tables reach this far past the last used row.
 const MAX_TILE: usize = TOKEN_TILES[TOKEN_TILES.len() - 1];
 /// Alignment of every region of the symmetric buffer ([`PeerLayout`]) and of its base addresses
@@ -522,23 +527,6 @@ struct UnstageParams {
     pad: i32,
 }
 
-/// `mm::unfused::SwigluParams`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct SwigluParams {
-    pub(crate) l1_out: u64,
-    pub(crate) meta: u64,
-    pub(crate) silu: u64,
-    pub(crate) l2_act: u64,
-    pub(crate) l2_sf: u64,
-    pub(crate) rows: i32,
-    pub(crate) inter: i32,
-    pub(crate) sf_stride: i32,
-    pub(crate) has_clamp: i32,
-    pub(crate) clamp: f32,
-    pub(crate) pad: i32,
-}
-
 /// `mm::unfused::CombineSendParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -622,16 +610,15 @@ const _: () = {
     assert!(size_of::<PlanParams>() == 64);
     assert!(size_of::<RouteParams>() == 64);
     assert!(size_of::<UnstageParams>() == 56);
-    assert!(size_of::<SwigluParams>() == 64);
     assert!(size_of::<CombineSendParams>() == 40);
     assert!(size_of::<CombineReduceParams>() == 64);
 };
 
-/// The glue kernels' specialization for `recipe`'s activation group and the pool formats of
-/// `routes`.
-pub fn glue_spec(recipe: Recipe, routes: Routes) -> KernelSpec {
+/// The glue kernels' specialization for `recipe`'s activation group and the L1 pool's format
+/// (the `l1` route's).
+pub fn glue_spec(recipe: Recipe, l1: Mma) -> KernelSpec {
     KernelSpec::new(
-        format!("megamoe-kernel/sm90_unfused/{recipe}/{routes}"),
+        format!("megamoe-kernel/sm90_unfused/{recipe}/{l1}"),
         UNFUSED_SOURCE,
     )
     .header(fp_formats::CUDA_HEADER)
@@ -640,20 +627,18 @@ pub fn glue_spec(recipe: Recipe, routes: Routes) -> KernelSpec {
     .headers(barriers::CUDA_HEADERS)
     .header(cuda_rt::CUDA_HEADER)
     .define("UF_G", recipe.group())
-    .define("UF_L1_FP8_POOL", u8::from(routes.l1 == Mma::Fp8))
-    .define("UF_L2_FP8_POOL", u8::from(routes.l2 == Mma::Fp8))
+    .define("UF_L1_FP8_POOL", u8::from(l1 == Mma::Fp8))
     .no_spill()
 }
 
 /// Every glue specialization, for `cargo xtask kernels`.
 pub fn kernels() -> Vec<KernelSpec> {
     [
-        (Recipe::G128, Routes::both(Mma::Fp8)),
-        (Recipe::G128, Routes::EXACT_L1),
-        (Recipe::G128, Routes::EXACT),
-        (Recipe::Mx32, Routes::EXACT),
+        (Recipe::G128, Mma::Fp8),
+        (Recipe::G128, Mma::Bf16),
+        (Recipe::Mx32, Mma::Bf16),
     ]
-    .map(|(recipe, routes)| glue_spec(recipe, routes))
+    .map(|(recipe, l1)| glue_spec(recipe, l1))
     .to_vec()
 }
 
@@ -664,7 +649,6 @@ pub struct GlueKernels {
     route: Kernel,
     dispatch: Kernel,
     unstage: Kernel,
-    swiglu: Kernel,
     combine_send: Kernel,
     combine_reduce: Kernel,
     rank_barrier: Kernel,
@@ -673,9 +657,9 @@ pub struct GlueKernels {
 }
 
 impl GlueKernels {
-    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe, routes: Routes) -> Result<Self, UnfusedError> {
+    pub fn new(gpu: &Gpu, jit: &Jit, recipe: Recipe, l1: Mma) -> Result<Self, UnfusedError> {
         let arch = gpu.info().arch().unwrap_or(Arch::Sm90a);
-        let compiled = jit.compile(&glue_spec(recipe, routes), arch)?;
+        let compiled = jit.compile(&glue_spec(recipe, l1), arch)?;
         let module = gpu.load_module(&compiled.cubin)?;
         Ok(Self {
             recipe,
@@ -683,7 +667,6 @@ impl GlueKernels {
             route: module.kernel("uf_route")?,
             dispatch: module.kernel("uf_dispatch")?,
             unstage: module.kernel("uf_unstage")?,
-            swiglu: module.kernel("uf_swiglu")?,
             combine_send: module.kernel("uf_combine_send")?,
             combine_reduce: module.kernel("uf_combine_reduce")?,
             rank_barrier: module.kernel("uf_rank_barrier")?,
@@ -909,7 +892,7 @@ impl LaunchChain {
 /// [`Pipeline::stage_sync`] waits for it. The caller runs, on every rank in this order:
 /// [`Pipeline::set_inputs`] (+ the counts exchange and [`Pipeline::set_plans`]), *a host meeting*
 /// (no rank compiles while a peer waits on the device), [`Pipeline::dispatch`], *barrier*,
-/// [`Pipeline::l1`], [`Pipeline::swiglu`], [`Pipeline::l2`], [`Pipeline::combine_send`],
+/// [`Pipeline::l1`] (with SwiGLU), [`Pipeline::l2`], [`Pipeline::combine_send`],
 /// *barrier*, [`Pipeline::combine_reduce`], [`Pipeline::download_y`] (*barrier* =
 /// [`Pipeline::rank_barrier`], on the device). After the last barrier no peer touches this rank's
 /// symmetric buffer until its next dispatch.
@@ -918,7 +901,7 @@ pub struct Pipeline {
     pub rank: usize,
     pub(crate) glue: GlueKernels,
     /// GEMM cores by (route, tokens per tile, fold), compiled on first use.
-    pub(crate) cores: HashMap<(Mma, usize, Fold), GemmCore>,
+    pub(crate) cores: HashMap<CoreKey, GemmCore>,
     /// Fused forwards' kernels by tokens per tile, compiled on first use ([`crate::fused`]).
     pub(crate) fused: HashMap<usize, crate::fused::FusedCore>,
     /// The fused kernel this forward launched (a key of `fused`), if it ran fused.
@@ -939,14 +922,13 @@ pub struct Pipeline {
     /// plan's (`uf_count`, `uf_plan`: 0 while the routes are valid and fit).
     pub(crate) error_words: CudaSlice<u64>,
     /// The GEMM cores this forward launched (keys of `cores`): only their error words can be set.
-    pub(crate) launched: Vec<(Mma, usize, Fold)>,
+    pub(crate) launched: Vec<CoreKey>,
     pub(crate) barrier_timeout: Duration,
     /// This forward's rows from peers go through `l1_staged` (set_plans).
     pub(crate) staged_rows: bool,
     /// Which stage kernels launch programmatically ([`Pipeline::set_chained_launches`]).
     chain: LaunchChain,
-    pub(crate) l1_out: CudaSlice<u16>,
-    /// silu(g) of every BF16 g (`uf_silu_table`), for SwiGLU.
+    /// silu(g) of every BF16 g and of the clamp (`uf_silu_table`), for the L1's SwiGLU epilogue.
     pub(crate) silu: CudaSlice<f32>,
     pub(crate) l2_act: CudaSlice<u8>,
     pub(crate) l2_sf: CudaSlice<u8>,
@@ -991,13 +973,18 @@ impl Pipeline {
         let el = shape.experts_per_rank();
         let (h, i) = (shape.hidden, shape.intermediate);
         let routes = shape.routes;
-        for (name, w, mma, n, k) in [("w1", w1, routes.l1, 2 * i, h), ("w2", w2, routes.l2, h, i)] {
-            if w.mma != mma || w.num_experts != el || w.n != n || w.k != k {
+        // The L1's SwiGLU epilogue needs its gate and up rows interleaved (transform_l1_weights).
+        for (name, w, mma, n, k, rows) in [
+            ("w1", w1, routes.l1, 2 * i, h, RowOrder::GateUp),
+            ("w2", w2, routes.l2, h, i, RowOrder::Canonical),
+        ] {
+            if w.mma != mma || w.num_experts != el || w.n != n || w.k != k || w.rows != rows {
                 return Err(UnfusedError::Shape {
                     what: name,
                     detail: format!(
-                        "transformed for {} with {} experts of {}×{}, the pipeline needs {mma} with {el} of {n}×{k}",
-                        w.mma, w.num_experts, w.n, w.k
+                        "transformed for {} with {} experts of {}×{}, rows {:?}; the pipeline needs {mma} \
+                         with {el} of {n}×{k}, rows {rows:?}",
+                        w.mma, w.num_experts, w.n, w.k, w.rows
                     ),
                 });
             }
@@ -1013,16 +1000,18 @@ impl Pipeline {
         let view = SymmBuffer::new(rank as u32, peer_bases)?;
         let rows = shape.pool_rows;
         let pairs = shape.max_tokens * shape.top_k;
-        let glue = GlueKernels::new(gpu, jit, shape.recipe, routes)?;
-        let mut silu = gpu.alloc_zeros::<f32>(BF16_VALUES)?;
-        // SAFETY: one thread per entry of the 65536-entry table.
+        let glue = GlueKernels::new(gpu, jit, shape.recipe, routes.l1)?;
+        let mut silu = gpu.alloc_zeros::<f32>(SILU_ENTRIES)?;
+        // SAFETY: one thread per entry of the table.
         unsafe {
             glue.silu_table
                 .launch(
                     gpu.stream(),
-                    LaunchConfig::linear((BF16_VALUES as u32).div_ceil(THREADS), THREADS),
+                    LaunchConfig::linear((SILU_ENTRIES as u32).div_ceil(THREADS), THREADS),
                 )
                 .ptr_mut(&mut silu)
+                .scalar(i32::from(shape.clamp.is_some()))
+                .scalar(shape.clamp.unwrap_or(0.0))
                 .launch()?
         };
         let pipeline = Self {
@@ -1046,7 +1035,6 @@ impl Pipeline {
                 enabled: true,
                 after_stage: false,
             },
-            l1_out: poisoned(gpu, rows * 2 * i)?,
             silu,
             l2_act: poisoned(gpu, rows * i * routes.l2.act_elem())?,
             l2_sf: poisoned(gpu, shape.sf_bytes(routes.l2, i))?,
@@ -1100,7 +1088,6 @@ impl Pipeline {
         gpu.memset(&mut self.y, 0xff)?;
         // Peers write into the combine buffer only between a forward's dispatch and its last barrier.
         self.fill_own(gpu, self.layout.combine, 0xff)?;
-        gpu.memset(&mut self.l1_out, 0xff)?;
         gpu.memset(&mut self.l2_out, 0xff)?;
         Ok(())
     }
@@ -1455,12 +1442,7 @@ impl Pipeline {
 
     /// Compiles, once, the L1 or L2 GEMM core for this forward's token tile and the layer's weights
     /// (w1 and w2 may fold differently, and take their own routes); returns its key in `cores`.
-    fn core(
-        &mut self,
-        gpu: &Gpu,
-        jit: &Jit,
-        second: bool,
-    ) -> Result<(Mma, usize, Fold), UnfusedError> {
+    fn core(&mut self, gpu: &Gpu, jit: &Jit, second: bool) -> Result<CoreKey, UnfusedError> {
         let bn = self.tokens_per_tile();
         self.core_of_tile(gpu, jit, second, bn)
     }
@@ -1472,14 +1454,43 @@ impl Pipeline {
         jit: &Jit,
         second: bool,
         bn: usize,
-    ) -> Result<(Mma, usize, Fold), UnfusedError> {
+    ) -> Result<CoreKey, UnfusedError> {
         let mma = self.layer_mma(second);
-        let fold = if second { self.w2.fold } else { self.w1.fold };
-        if let Entry::Vacant(slot) = self.cores.entry((mma, bn, fold)) {
-            let plan = TilePlan::new(mma, bn)?.with_fold(fold);
+        let (fold, epilogue) = if second {
+            (self.w2.fold, Epilogue::Bf16Out)
+        } else {
+            (self.w1.fold, self.l1_epilogue())
+        };
+        let key = (mma, bn, fold, epilogue);
+        if let Entry::Vacant(slot) = self.cores.entry(key) {
+            let plan = TilePlan::new(mma, bn)?
+                .with_fold(fold)
+                .with_epilogue(epilogue);
             slot.insert(GemmCore::new(gpu, jit, plan)?);
         }
-        Ok((mma, bn, fold))
+        Ok(key)
+    }
+
+    /// The L1's epilogue: SwiGLU into the L2 pool (of the recipe's group, the L2 route's format).
+    fn l1_epilogue(&self) -> Epilogue {
+        Epilogue::Swiglu {
+            recipe: self.shape.recipe,
+            pool: self.shape.routes.l2,
+        }
+    }
+
+    /// The L1 SwiGLU epilogue's output: this rank's row metadata, the SiLU table and the L2 pool
+    /// (`l2_act`, `l2_sf`: its addresses on `stream`).
+    pub(crate) fn swiglu_out(&self, stream: &CudaStream, l2_act: u64, l2_sf: u64) -> SwigluOut {
+        SwigluOut {
+            meta: self.own().meta,
+            silu: self.silu.device_ptr(stream).0,
+            l2_act,
+            l2_sf,
+            intermediate: self.shape.intermediate,
+            sf_stride: self.shape.sf_stride(),
+            clamp: self.shape.clamp,
+        }
     }
 
     /// Compiles (once) the GEMM cores this forward's plan needs. Called before the stages are
@@ -1529,26 +1540,31 @@ impl Pipeline {
             self.launched.push(key);
         }
         let mma = key.0;
+        let stream = gpu.stream();
+        let swiglu = (!second).then(|| {
+            let l2_act = self.l2_act.device_ptr_mut(stream).0;
+            let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
+            self.swiglu_out(stream, l2_act, l2_sf)
+        });
         let plan = self.plan.as_ref().expect("plan");
         let [_, offset_table, rows_table] = Self::plan_tables(&self.shape);
-        let (act, sf, weights, out) = if second {
+        let (act, sf, weights) = if second {
             (
                 DeviceBytes::of(gpu, &self.l2_act),
                 DeviceBytes::of(gpu, &self.l2_sf),
                 &self.w2,
-                &mut self.l2_out,
             )
         } else {
             let (own, layout) = (self.own(), self.layout);
             // SAFETY: this rank's L1 pool regions (Pipeline::new's contract); the dispatch that
             // wrote them is behind a barrier and nothing writes them until the next forward.
-            let pool = unsafe {
+            unsafe {
                 (
                     DeviceBytes::from_raw(own.l1_act, layout.l1_act.bytes),
                     DeviceBytes::from_raw(own.l1_sf, layout.l1_sf.bytes),
+                    &self.w1,
                 )
-            };
-            (pool.0, pool.1, &self.w1, &mut self.l1_out)
+            }
         };
         let pool = Pool {
             act,
@@ -1562,12 +1578,19 @@ impl Pipeline {
         };
         let core = self.cores.get_mut(&key).expect("compiled above");
         core.chain_after_kernel(self.chain.next_is_chained());
-        core.run(gpu, weights, &pool, out)?;
+        match swiglu {
+            // SAFETY: the L2 pool, its scales, this rank's RowMeta region and the SiLU table are
+            // sized for pool_rows >= plan.rows rows of `shape` (Pipeline::new); only this
+            // pipeline's stream uses them.
+            Some(out) => unsafe { core.run_swiglu(gpu, weights, &pool, &out)? },
+            None => core.run(gpu, weights, &pool, &mut self.l2_out)?,
+        }
         Ok(())
     }
 
-    /// Stage 2: `l1_out[row] = bf16(x_row · w1_eᵀ)`, `[rows][2I]` (gate columns, then up). Rows
-    /// from peers that arrived staged first go into the pool.
+    /// Stage 2: the L1 GEMM with its SwiGLU epilogue: each row's `x_row · w1_eᵀ` through SwiGLU ×
+    /// its top-k weight, re-quantized per G into the L2 pool. Rows from peers that arrived staged
+    /// first go into the pool.
     pub fn l1(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
         self.unstage_rows(gpu)?;
         self.gemm(gpu, jit, false)
@@ -1617,53 +1640,12 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stage 3: SwiGLU × top-k weight, re-quantized per G, into the L2 pool.
-    pub fn swiglu(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
-        let s = self.shape;
-        let rows = self.plan.as_ref().expect("set_plans before swiglu").rows;
-        if rows == 0 {
-            return Ok(());
-        }
-        let stream = gpu.stream();
-        let (l1_out, _g1) = self.l1_out.device_ptr(stream);
-        let meta = self.own().meta;
-        let (silu, _g2) = self.silu.device_ptr(stream);
-        let (l2_act, _g3) = self.l2_act.device_ptr_mut(stream);
-        let (l2_sf, _g4) = self.l2_sf.device_ptr_mut(stream);
-        let params = SwigluParams {
-            l1_out,
-            meta,
-            silu,
-            l2_act,
-            l2_sf,
-            rows: rows as i32,
-            inter: s.intermediate as i32,
-            sf_stride: s.sf_stride() as i32,
-            has_clamp: i32::from(s.clamp.is_some()),
-            clamp: s.clamp.unwrap_or(0.0),
-            pad: 0,
-        };
-        // SAFETY: rows <= pool_rows; every buffer (this rank's meta region included) is sized for
-        // pool_rows rows of `shape`.
-        unsafe {
-            self.glue
-                .swiglu
-                .launch(
-                    stream,
-                    self.chain.next(glue_grid(gpu, rows, s.intermediate, 4)),
-                )
-                .scalar(params)
-                .launch()?
-        };
-        Ok(())
-    }
-
-    /// Stage 4: `l2_out[row] = bf16(h_row · w2_eᵀ)`, `[rows][H]`.
+    /// Stage 3: `l2_out[row] = bf16(h_row · w2_eᵀ)`, `[rows][H]`.
     pub fn l2(&mut self, gpu: &Gpu, jit: &Jit) -> Result<(), UnfusedError> {
         self.gemm(gpu, jit, true)
     }
 
-    /// Stage 5a: the rows of other ranks' tokens into their combine buffers (peer writes); a
+    /// Stage 4a: the rows of other ranks' tokens into their combine buffers (peer writes); a
     /// rank's own tokens' rows stay in its L2 output for [`Pipeline::combine_reduce`]. Nothing on
     /// one rank.
     pub fn combine_send(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
@@ -1697,7 +1679,7 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stage 5b: `y[t] = bf16(Σ_j valid, in order, slot j's L2 row)` — from the combine buffer, or
+    /// Stage 4b: `y[t] = bf16(Σ_j valid, in order, slot j's L2 row)` — from the combine buffer, or
     /// this rank's own L2 output for slots its experts computed; masked-only tokens → 0.
     pub fn combine_reduce(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
@@ -1895,8 +1877,8 @@ mod tests {
     }
 
     /// A forward's launches as the pipeline queues them: the route kernel after the plan's copy,
-    /// the dispatch, a cross-rank barrier, the L1 GEMM, SwiGLU; only a kernel right after another
-    /// stage kernel is programmatic, and none when the chain is off.
+    /// the dispatch, a cross-rank barrier, the L1 GEMM, the L2 GEMM; only a kernel right after
+    /// another stage kernel is programmatic, and none when the chain is off.
     #[test]
     fn only_a_stage_kernel_after_a_stage_kernel_is_chained() {
         for enabled in [true, false] {
@@ -1909,17 +1891,14 @@ mod tests {
             let dispatch = chain.next(config).programmatic;
             chain.interrupt(); // rank_barrier
             let l1 = chain.next_is_chained();
-            let swiglu = chain.next(config).programmatic;
-            assert_eq!(
-                [route, dispatch, l1, swiglu],
-                [false, enabled, false, enabled]
-            );
+            let l2 = chain.next_is_chained();
+            assert_eq!([route, dispatch, l1, l2], [false, enabled, false, enabled]);
         }
     }
 
     #[test]
     fn glue_grids_split_rows_only_when_few() {
-        // V4-Pro, 132 SMs: SwiGLU (I = 3072, 512 channels a CTA pass) and dispatch (H = 7168).
+        // V4-Pro, 132 SMs: rows of I = 3072 (512 channels a CTA pass) and dispatch (H = 7168).
         assert_eq!(glue_grid_for(132, 768, 3072, 4).grid, [768, 3, 1]);
         assert_eq!(glue_grid_for(132, 48, 7168, 16).grid, [48, 4, 1]);
         assert_eq!(glue_grid_for(132, 49152, 3072, 4).grid, [49152, 1, 1]);

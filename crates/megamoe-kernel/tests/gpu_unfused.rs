@@ -21,7 +21,7 @@ use cuda_rt::cudarc::driver::{CudaSlice, DevicePtr};
 use fp_formats::Recipe;
 use megamoe_kernel::problem::ExpertWeights;
 use megamoe_kernel::unfused::{Pipeline, PipelineShape, PoolPlan, RowMeta, UnfusedError, routes};
-use megamoe_kernel::{Mma, transform_weights};
+use megamoe_kernel::{Mma, transform_l1_weights, transform_weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -62,11 +62,12 @@ fn rank_0_of_two(
     )
     .unwrap();
     let local = experts / ranks;
-    let weights = |n, k, seed| {
-        let w = ExpertWeights::random(local, n, k, seed);
-        transform_weights(Mma::Bf16, &w.w, &w.w_sf, local, n, k).unwrap()
-    };
-    let (w1, w2) = (weights(2 * i, h, 1), weights(h, i, 2));
+    let (w1, w2) = (
+        ExpertWeights::random(local, 2 * i, h, 1),
+        ExpertWeights::random(local, h, i, 2),
+    );
+    let w1 = transform_l1_weights(Mma::Bf16, &w1.w, &w1.w_sf, local, i, h).unwrap();
+    let w2 = transform_weights(Mma::Bf16, &w2.w, &w2.w_sf, local, h, i).unwrap();
     let layout = shape.peer_layout();
     let buffers: Vec<CudaSlice<u8>> = (0..ranks)
         .map(|_| gpu.alloc_zeros::<u8>(layout.bytes).unwrap())

@@ -39,7 +39,7 @@ mod batch;
 pub use batch::{DeviceBatch, driver};
 pub use megamoe_kernel::fused::DeviceIo;
 use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
-use megamoe_kernel::{Routes, transform_weights};
+use megamoe_kernel::{Routes, transform_l1_weights, transform_weights};
 use symm_mem::world::RankOutput;
 use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 
@@ -199,9 +199,8 @@ pub struct StageTimes {
     pub stage_marks: bool,
     /// GPU: each pair's pool row (`uf_route`) and the dispatch kernel.
     pub dispatch: Duration,
-    /// GPU: the L1 grouped GEMM.
+    /// GPU: the L1 grouped GEMM with its SwiGLU epilogue (into the L2 pool).
     pub l1: Duration,
-    pub swiglu: Duration,
     pub l2: Duration,
     /// GPU: combine send + top-k reduction.
     pub combine: Duration,
@@ -227,11 +226,10 @@ impl StageTimes {
     }
 
     /// (name, time) of every kernel stage, in order.
-    pub fn kernel_stages(&self) -> [(&'static str, Duration); 6] {
+    pub fn kernel_stages(&self) -> [(&'static str, Duration); 5] {
         [
             ("dispatch", self.dispatch),
             ("L1", self.l1),
-            ("swiglu", self.swiglu),
             ("L2", self.l2),
             ("combine", self.combine),
             ("barriers", self.barriers),
@@ -239,14 +237,13 @@ impl StageTimes {
     }
 
     /// (name, time) of every part, in order.
-    pub fn stages(&self) -> [(&'static str, Duration); 9] {
-        let [dispatch, l1, swiglu, l2, combine, barriers] = self.kernel_stages();
+    pub fn stages(&self) -> [(&'static str, Duration); 8] {
+        let [dispatch, l1, l2, combine, barriers] = self.kernel_stages();
         [
             ("upload", self.upload),
             ("route", self.route),
             dispatch,
             l1,
-            swiglu,
             l2,
             combine,
             barriers,
@@ -355,7 +352,7 @@ impl<'w> CudaRank<'w> {
             config.experts_per_rank(),
         );
         let routes = shape.routes;
-        let w1 = transform_weights(routes.l1, &weights.w1, &weights.w1_sf, el, 2 * i, h)?;
+        let w1 = transform_l1_weights(routes.l1, &weights.w1, &weights.w1_sf, el, i, h)?;
         let w2 = transform_weights(routes.l2, &weights.w2, &weights.w2_sf, el, h, i)?;
         let gpu = world.local_gpu();
         let symm = world.alloc_symmetric(shape.peer_layout().bytes)?;
@@ -596,7 +593,6 @@ impl<'w> CudaRank<'w> {
         {
             times.dispatch = Duration::from_nanos(t.plan_ns + t.dispatch_ns);
             times.l1 = Duration::from_nanos(t.l1_ns);
-            times.swiglu = Duration::from_nanos(t.swiglu_ns);
             times.l2 = Duration::from_nanos(t.l2_ns);
             times.combine = Duration::from_nanos(t.combine_ns);
         }
@@ -664,8 +660,6 @@ impl<'w> CudaRank<'w> {
         self.pipe.rank_barrier(gpu)?;
         let g0 = mark(false)?;
         self.pipe.l1(gpu, &self.jit)?;
-        let g1 = mark(false)?;
-        self.pipe.swiglu(gpu)?;
         let g2 = mark(false)?;
         self.pipe.l2(gpu, &self.jit)?;
         let g3 = mark(false)?;
@@ -691,8 +685,7 @@ impl<'w> CudaRank<'w> {
         times.span = ms(d0, c1)?;
         times.stage_marks = timed;
         times.dispatch = ms(d0, d1)?;
-        times.l1 = ms(g0, g1)?;
-        times.swiglu = ms(g1, g2)?;
+        times.l1 = ms(g0, g2)?;
         times.l2 = ms(g2, g3)?;
         times.combine = ms(g3, g4)? + ms(c0, c1)?;
         times.barriers = ms(d1, g0)? + ms(g4, c0)?;
@@ -886,8 +879,7 @@ mod tests {
             span: Duration::from_micros(29),
             stage_marks: true,
             dispatch: Duration::from_micros(2),
-            l1: Duration::from_micros(3),
-            swiglu: Duration::from_micros(4),
+            l1: Duration::from_micros(7),
             l2: Duration::from_micros(5),
             combine: Duration::from_micros(6),
             barriers: Duration::from_micros(9),
@@ -896,10 +888,10 @@ mod tests {
         };
         assert_eq!(t.kernels(), Duration::from_micros(29));
         assert_eq!(t.total(), Duration::from_micros(55));
-        assert_eq!(t.stages()[3], ("L1", Duration::from_micros(3)));
+        assert_eq!(t.stages()[3], ("L1", Duration::from_micros(7)));
         assert_eq!(
             t.to_string(),
-            "upload 0.007, route 0.001, dispatch 0.002, L1 0.003, swiglu 0.004, L2 0.005, \
+            "upload 0.007, route 0.001, dispatch 0.002, L1 0.007, L2 0.005, \
              combine 0.006, barriers 0.009, download 0.008 ms"
         );
     }
