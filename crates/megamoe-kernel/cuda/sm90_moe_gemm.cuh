@@ -33,7 +33,7 @@
 // every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends; one that
 // does not end within kSplitTailTimeoutNs records a timeout in `error` (GemmParams).
 // Narrow tiles: see kNarrowTiles in moe_gemm.
-// Epilogue: BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
+// Epilogue (the kernel's choice; sm90_swiglu.cuh has the L1's SwiGLU): Bf16Out, BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warpgroup turns its fragments into the tile's token rows of its 64 outputs in shared memory
 // (stmatrix.trans) and one of its threads hands them to the TMA as one box (`out_map`, a 2-D map
 // over out); otherwise the fragments are stored directly.
@@ -281,7 +281,8 @@ template <int kGroup>
 __device__ int count_items(const GemmParams& p, int bn, int lane) {  // lane: of a whole warp
   int blocks = 0;
   for (int e = lane; e < p.num_experts; e += 32) blocks += (p.expert_rows[e] + bn - 1) / bn;
-  return __reduce_add_sync(0xffffffffu, blocks) * ((p.n_out / kTileRows + kGroup - 1) / kGroup);  // (no pairs)
+  // (Items of kGroup tiles: the split tail never walks pairs.)
+  return __reduce_add_sync(0xffffffffu, blocks) * ((p.n_out / kTileRows + kGroup - 1) / kGroup);
 }
 
 // ---------------------------------------------------------------- weight decode

@@ -1,6 +1,6 @@
 //! The CUDA backend, one rank's handle ([`CudaRank`]) on either [`ForwardPath`]: the unfused
-//! pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM → SwiGLU + re-quantization → L2 GEMM
-//! → combine, one launch each, the plan on the host) or the fused kernel of
+//! pipeline of `megamoe_kernel::unfused` (dispatch → L1 GEMM with SwiGLU + re-quantization as its
+//! epilogue → L2 GEMM → combine, one launch each, the plan on the host) or the fused kernel of
 //! `megamoe_kernel::fused` (one launch, the plan on the device); and the engine's device forward
 //! ([`CudaRank::forward_device`]: [`DeviceIo`] addresses, the caller's stream, no host
 //! synchronization; [`DeviceBatch`] holds a batch in device buffers). Ranks run on R local GPUs,
