@@ -122,10 +122,10 @@ struct Layout {
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
   static constexpr bool kBoxEpilogue = kFp8 && kCtas == 1;
-  // The epilogue's shared memory: the BF16 box, or at least a byte per (token, consumer warp), where
-  // the SwiGLU epilogue (sm90_swiglu.cuh) meets over its activation groups. The bytes fit in every
-  // plan's slack: no plan has a stage less for them.
-  static constexpr int kExchangeBytes = 8 * BN;
+  // The epilogue's shared memory: the BF16 box, or at least a byte per (token, consumer warp) of
+  // each tile of a pair, where the SwiGLU epilogue (sm90_swiglu.cuh) meets over its activation
+  // groups. The bytes fit in every plan's slack: no plan has a stage less for them.
+  static constexpr int kExchangeBytes = 16 * BN;
   static constexpr int kEpilogueBytes = kBoxEpilogue && 2 * BN * 128 > kExchangeBytes ? 2 * BN * 128 : kExchangeBytes;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);

@@ -18,6 +18,12 @@ __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_gen
 // aligned stages); kernels reserve 1 KiB of slack. Offsetting the shared array itself keeps the
 // address space: a pointer rebuilt from an integer would make every shared-memory read a generic LD.
 __device__ __forceinline__ u8* align_smem(u8* raw) { return raw + ((1024u - (smem_addr(raw) & 1023u)) & 1023u); }
+// A 32-bit store to shared memory that the compiler does not order against other memory accesses
+// (no memory clobber): global loads around it stay free to move, where an ordinary store, which
+// may alias them, holds every later load behind it. The barriers' asm (memory clobbers) orders it.
+__device__ __forceinline__ void st_shared_unordered(void* p, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v));
+}
 // The SM this thread runs on (the benchmark's CTA timelines).
 __device__ __forceinline__ u32 smid() {
   u32 id;

@@ -8,13 +8,13 @@
 // Weight tile n covers channels 64 n .. 64 n + 63: consumer warp w (0..7) channels 8 w .. 8 w + 7,
 // lane / 4 the channel within. An activation group of G channels is one consumer warpgroup's 32
 // (G = 32) or two tiles' 128 (G = 128): the GEMM walks such tiles in pairs, both in one CTA, the
-// even one first (Gemm's kPairs); the first spills its h and group exponents to the CTA's slot of
-// `spill` (L2) and the second stores both.
+// even one first (Gemm's kPairs); the first spills its h to the CTA's slot of `spill` (L2) and
+// leaves its exponents in shared memory, and the second stores both.
 //
 // A group's exponent is ceil-exponent(amax / 448), and x -> ceil-exponent(fl(x / 448)) is monotone,
 // so it is the largest of the warps' exponents over their own channels (and the bytes' largest per
 // item is their __vmaxu4): the warps meet over a byte per (token, warp) in the epilogue's shared
-// memory, never over the h values themselves. The bits
+// memory (a pair's tiles each their half), never over the h values themselves. The bits
 // are the contract's: h in f32 as the host computes it (SiLU from the table of every BF16 gate,
 // products in the contract's order), the same re-quantizer.
 #pragma once
@@ -36,17 +36,17 @@ struct SwigluParams {
   const float* silu;             // [65537] silu(g) of every BF16 g, then of the clamp (uf_silu_table)
   u8* l2_act;                    // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I] (pool order)
   u8* l2_sf;                     // FP8 pool: [I/128][sf_stride]
-  // G = 128: per CTA of the launch (kSpillFloats<BN> each), the first tile of a pair: its h values
-  // ([BN / 16][256 consumer threads] float4) and its group exponents ([BN / 16][4] u32).
+  // G = 128: per CTA of the launch (kSpillFloats<BN> each), the first tile of a pair's h values
+  // ([BN / 16][256 consumer threads] float4).
   float* spill;
   int inter, sf_stride, has_clamp;
   float clamp;
 };
 static_assert(sizeof(SwigluParams) == 56, "SwigluParams layout (megamoe-kernel/src/epilogue.rs)");
 
-// Floats of one CTA's spill slot for BN-token tiles: the even tile's h and exponents.
+// Floats of one CTA's spill slot for BN-token tiles: the even tile's h.
 template <int BN>
-constexpr int kSpillFloats = 64 * BN + BN / 4;
+constexpr int kSpillFloats = 64 * BN;
 
 // The consumer warpgroups meet: the ones of one group (G = 32: a warpgroup, named barriers 1 + wg
 // as the GEMM's epilogue box; G = 128: both, barrier 3).
@@ -61,12 +61,6 @@ __device__ __forceinline__ void group_bar_sync(int warp) {
   }
 }
 
-// Largest byte of a word.
-__device__ __forceinline__ u32 max_byte(u32 v) {
-  v = __vmaxu4(v, v >> 16);
-  return __vmaxu4(v, v >> 8) & 0xffu;
-}
-
 template <int G, bool kFp8Pool>
 struct SwigluOut {
   static_assert(G == 32 || G == 128, "activation groups of 32 or 128 channels");
@@ -75,45 +69,48 @@ struct SwigluOut {
   static constexpr bool kPairs = G == 128;
   const SwigluParams& s;
 
-  // h of one (channel, token): the L1's sums rounded to BF16 as its output would be (one cvt for
-  // the pair), clamped (`clamp` +inf: none), SiLU from the table (a clamped gate that is no BF16
-  // value is the clamp itself: its own entry).
-  __device__ __forceinline__ static float h_of(float gate_acc, float up_acc, float w, float clamp,
-                                               const float* silu_table) {
-    const u32 gu = sm90::pack_bf16x2(gate_acc, up_acc);
-    const float g = fminf(__uint_as_float(gu << 16), clamp);
+  // The table entry of one item's SiLU: its gate, the L1's sum rounded to BF16 as its output would
+  // be (`gu`: gate low, up high, one cvt for the pair), clamped (`clamp` +inf: none); a clamped gate
+  // that is no BF16 value is the clamp itself, which has its own entry.
+  __device__ __forceinline__ static u32 silu_entry(u32 gu, float clamp) {
+    const u32 gb = __float_as_uint(fminf(__uint_as_float(gu << 16), clamp));
+    return (gb & 0xffffu) == 0 ? gb >> 16 : unfused::kSiluClampEntry;
+  }
+
+  // h of one (channel, token) from its packed gate and up, its SiLU and its top-k weight.
+  __device__ __forceinline__ static float h_of(u32 gu, float silu, float w, float clamp) {
     const float u = fminf(fmaxf(__uint_as_float(gu & 0xffff0000u), -clamp), clamp);
-    const u32 gb = __float_as_uint(g);
-    const float silu = silu_table[(gb & 0xffffu) == 0 ? gb >> 16 : unfused::kSiluClampEntry];
     return __fmul_rn(__fmul_rn(silu, u), w);
   }
 
-  // Where warp `warp` puts its exponent of item k of block pair bp of thread-in-quad t in the
-  // exchange: the group's warps' bytes of one thread's four items side by side (G = 128: 8 warps,
-  // 32 bytes; G = 32: the warpgroup's 4 warps, 16 bytes), read back with one or two 16-B loads.
+  // Where warp `warp` puts its exponents of block pair bp of thread-in-quad t in the exchange (a
+  // word, a byte an item): the group's warps' words side by side (G = 128: 8 warps, in the half of
+  // the pair's tile `half`; G = 32: the warpgroup's 4 warps), read back with 16-B loads.
   template <int BN>
-  __device__ __forceinline__ static int exchange_at(int warp, int bp, int t, int k) {
+  __device__ __forceinline__ static int exchange_at(int half, int warp, int bp, int t) {
     if constexpr (G == 128) {
-      return ((bp * 4 + t) * 4 + k) * 8 + warp;
+      return ((half * (BN / 16) + bp) * 4 + t) * 8 + warp;
     } else {
-      return ((((warp / 4) * (BN / 16) + bp) * 4 + t) * 4 + k) * 4 + warp % 4;
+      return (((warp / 4) * (BN / 16) + bp) * 4 + t) * 4 + warp % 4;
     }
   }
 
-  // The group exponents of this thread's items of block pair bp, once the warps met: the largest
-  // of their bytes, packed a byte an item.
+  // The group exponents of this thread's items of block pair bp, once the warps met (G = 128: those
+  // of both tiles of the pair): the largest of their bytes, item by item.
   template <int BN>
-  __device__ __forceinline__ static u32 group_exponents(const u8* exchange, int warp, int bp, int t) {
-    // The group's first warp: its bytes start the item's (16-B aligned).
-    const uint4* at = reinterpret_cast<const uint4*>(exchange + exchange_at<BN>(G == 128 ? 0 : warp / 4 * 4, bp, t, 0));
+  __device__ __forceinline__ static u32 group_exponents(const u32* exchange, int warp, int bp, int t) {
+    // The group's first warp: its word starts the group's (16-B aligned).
+    const uint4* at = reinterpret_cast<const uint4*>(exchange + exchange_at<BN>(0, G == 128 ? 0 : warp / 4 * 4, bp, t));
     const uint4 v = at[0];
+    u32 m = __vmaxu4(__vmaxu4(v.x, v.y), __vmaxu4(v.z, v.w));
     if constexpr (G == 128) {
-      const uint4 w = at[1];
-      return max_byte(__vmaxu4(v.x, v.y)) | max_byte(__vmaxu4(v.z, v.w)) << 8 | max_byte(__vmaxu4(w.x, w.y)) << 16 |
-             max_byte(__vmaxu4(w.z, w.w)) << 24;
-    } else {
-      return max_byte(v.x) | max_byte(v.y) << 8 | max_byte(v.z) << 16 | max_byte(v.w) << 24;
+      constexpr int kHalf = BN / 16 * 4 * 8 / 4;  // uint4s of one tile's half
+      const uint4 w = at[1], v1 = at[kHalf], w1 = at[kHalf + 1];
+      m = __vmaxu4(m, __vmaxu4(__vmaxu4(w.x, w.y), __vmaxu4(w.z, w.w)));
+      m = __vmaxu4(m, __vmaxu4(__vmaxu4(v1.x, v1.y), __vmaxu4(v1.z, v1.w)));
+      m = __vmaxu4(m, __vmaxu4(__vmaxu4(w1.x, w1.y), __vmaxu4(w1.z, w1.w)));
     }
+    return m;
   }
 
   // Items k = 0..3 of block pair bp of this thread (blocks 2 bp + k / 2, its column 2t + k % 2 in
@@ -174,7 +171,7 @@ struct SwigluOut {
 
   template <class C>
   __device__ __forceinline__ void tile(C& c, const GemmParams&, const void*, const UnitDesc& d) const {
-    constexpr int BN = C::kBN, kBlocks = BN / 8, kRoundBlocks = 8;
+    constexpr int BN = C::kBN, kBlocks = BN / 8;
     static_assert(kBlocks % 2 == 0, "items go in pairs of 8-token blocks");
     // Coordinates read afresh (volatile): derived from the consumer's members or kept from the
     // kernel's start, ptxas holds them across the main loop, where they spill.
@@ -182,67 +179,77 @@ struct SwigluOut {
     u32 cta;
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
     const int ch0 = d.n_col / 2;  // the tile's first channel
-    // Pairs are the GEMM's (kPairs): every G = 128 tile is one of a pair.
-    const int pair = d.pair;
-    u8* exchange = c.smem + C::L::kEpilogueAt;
+    // Pairs are the GEMM's (kPairs): every G = 128 tile is one of a pair, and its exponents go to
+    // its half of the exchange.
+    const int pair = d.pair, half = pair == gemm::kSecondOfPair ? 1 : 0;
     // Read once from the parameters (a read per use became a register per use).
     const float clamp = s.has_clamp ? s.clamp : __int_as_float(0x7f800000);
     const float* silu_table = s.silu;
 
     // h of this thread's channel for each of its tokens, in place of the gate's accumulators
-    // (acc[4b + cb]: block b, column 2t + cb); the warp's exponent per token into the exchange.
-    // In rounds of kRoundBlocks blocks, whose loads may not move to an earlier round: with every
-    // top-k weight loaded at once, 256-token tiles ran out of registers.
+    // (acc[4b + cb]: block b, column 2t + cb), and the warp's exponent per token into the exchange:
+    // a byte per item, a word per block pair (item k = 2 (b % 2) + cb its byte k). The word goes out
+    // by a store the compiler keeps out of the loads' way: an ordinary one may alias the next
+    // items' global loads (top-k weight, SiLU) for it and hold them behind, a latency of L2 per pair.
+    // Rounds of kRoundPairs block pairs bound the loads in flight, and the registers they hold.
+    u32* words = reinterpret_cast<u32*>(c.smem + C::L::kEpilogueAt);
+    constexpr int kRoundPairs = 4;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      if (b > 0 && b % kRoundBlocks == 0) asm volatile("" ::: "memory");
+    for (int bp = 0; bp < kBlocks / 2; ++bp) {
+      if (bp > 0 && bp % kRoundPairs == 0) asm volatile("" ::: "memory");
+      u32 exponents = 0;
 #pragma unroll
-      for (int cb = 0; cb < 2; ++cb) {
-        const int col = 8 * b + 2 * t + cb;
+      for (int k = 0; k < 4; ++k) {
+        const int b = 2 * bp + k / 2, cb = k % 2, col = 8 * b + 2 * t + cb;
         const float w = col < d.rows ? s.meta[d.row0 + col].weight : 0.0f;
-        const float h = h_of(c.acc[4 * b + cb], c.acc[4 * b + 2 + cb], w, clamp, silu_table);
+        const u32 gu = sm90::pack_bf16x2(c.acc[4 * b + cb], c.acc[4 * b + 2 + cb]);
+        const float h = h_of(gu, silu_table[silu_entry(gu, clamp)], w, clamp);
         c.acc[4 * b + cb] = h;
         float amax = fabsf(h);
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (j == 0)
-          exchange[exchange_at<BN>(warp, b / 2, t, 2 * (b % 2) + cb)] =
-              (u8)fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max));
+        exponents |= (u32)fp::ceil_biased_exponent(amax * (1.0f / fp::kE4m3Max)) << (8 * k);
       }
+      if (j == 0) sm90::st_shared_unordered(words + exchange_at<BN>(half, warp, bp, t), exponents);
     }
-    group_bar_sync<G>(warp);
 
-    // G = 128: the even tile of a pair spills its h and exponents ([bp][256 threads] float4, then
-    // [bp][t] u32) for the odd one, this CTA's next tile, which stores both.
-    float* spill = s.spill + (size_t)cta * kSpillFloats<BN>;
-    u32* spill_e = reinterpret_cast<u32*>(spill + 64 * BN);
+    // G = 128: the even tile of a pair spills its h ([bp][256 threads] float4) for the odd one,
+    // this CTA's next tile, which stores both with the exponents of both halves of the exchange;
+    // the even tile's exponents wait there (the odd tile's meeting orders them before its reads).
     if (kPairs && pair == gemm::kFirstOfPair) {
+      float* spill = s.spill + (size_t)cta * kSpillFloats<BN>;
 #pragma unroll
       for (int bp = 0; bp < kBlocks / 2; ++bp) {
         const float* a = c.acc + 8 * bp;
         __stcg(reinterpret_cast<float4*>(spill) + bp * 256 + tid, make_float4(a[0], a[1], a[4], a[5]));
-        if (warp == 0 && j == 0) __stcg(spill_e + bp * 4 + t, group_exponents<BN>(exchange, warp, bp, t));
       }
-    } else {
+      return;
+    }
+    group_bar_sync<G>(warp);
+
 #pragma unroll
-      for (int bp = 0; bp < kBlocks / 2; ++bp) {
-        if (bp > 0 && bp % (kRoundBlocks / 2) == 0) asm volatile("" ::: "memory");  // rounds, as above
-        u32 es = group_exponents<BN>(exchange, warp, bp, t);
-        if (kPairs) es = __vmaxu4(es, __ldcg(spill_e + bp * 4 + t));  // the even tile's
-        const float* a = c.acc + 8 * bp;
-        store_items(tid, d, bp, ch0, {a[0], a[1], a[4], a[5]}, es, kPairs);
-      }
-      if (kPairs) {
-        // The even tile's, from the spill (not from the accumulators: a loop, not unrolled).
-#pragma unroll 1
-        for (int bp = 0; bp < kBlocks / 2; ++bp) {
-          const u32 es = __vmaxu4(group_exponents<BN>(exchange, warp, bp, t), __ldcg(spill_e + bp * 4 + t));
-          const float4 f = __ldcg(reinterpret_cast<const float4*>(spill) + bp * 256 + tid);
-          store_items(tid, d, bp, ch0 - 64, {f.x, f.y, f.z, f.w}, es, false);
-        }
+    for (int bp = 0; bp < kBlocks / 2; ++bp) {
+      const float* a = c.acc + 8 * bp;
+      store_items(tid, d, bp, ch0, {a[0], a[1], a[4], a[5]}, group_exponents<BN>(words, warp, bp, t), kPairs);
+    }
+    // The even tile's h, from the spill, kSpillRound block pairs loaded before any of them is
+    // stored (a store may alias them, as above), once this tile's are out of the registers.
+    if constexpr (kPairs) {
+      const float* spill = s.spill + (size_t)cta * kSpillFloats<BN>;
+      constexpr int kSpillRound = kBlocks / 2 < 4 ? kBlocks / 2 : 4;
+      static_assert(kBlocks / 2 % kSpillRound == 0, "whole rounds of block pairs");
+#pragma unroll
+      for (int bp0 = 0; bp0 < kBlocks / 2; bp0 += kSpillRound) {
+        float4 f[kSpillRound];
+#pragma unroll
+        for (int i = 0; i < kSpillRound; ++i) f[i] = __ldcg(reinterpret_cast<const float4*>(spill) + (bp0 + i) * 256 + tid);
+#pragma unroll
+        for (int i = 0; i < kSpillRound; ++i)
+          store_items(tid, d, bp0 + i, ch0 - 64, {f[i].x, f[i].y, f[i].z, f[i].w},
+                      group_exponents<BN>(words, warp, bp0 + i, t), false);
       }
     }
-    // Every warp has read the exchange (and the even tile's exponents) before the next tile's writes.
+    // Every warp has read the exchange (both halves) before the next tile's writes.
     group_bar_sync<G>(warp);
   }
 

@@ -53,9 +53,9 @@ impl Epilogue {
 }
 
 /// Floats of one CTA's slot of the SwiGLU epilogue's spill (`kSpillFloats`): the first tile of a
-/// pair's h values (64 channels × BN tokens) and its group exponents (BN bytes).
+/// pair's h values (64 channels × BN tokens).
 pub const fn spill_floats(tokens_per_tile: usize) -> usize {
-    64 * tokens_per_tile + tokens_per_tile / 4
+    64 * tokens_per_tile
 }
 
 /// `mm::swiglu::SwigluParams`, field for field.

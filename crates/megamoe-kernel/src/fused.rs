@@ -131,12 +131,16 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
         ),
         MEGA_SOURCE,
     );
-    Ok(l2
+    let spec = l2
         .defined(l1.defined(spec, "MM_L1_"), "MM_L2_")
         .define("MM_G", recipe.group())
         .define("MM_SMEM_BYTES", l1.smem_bytes().max(l2.smem_bytes()))
-        .arches(&[Arch::Sm90a])
-        .no_spill()
+        .arches(&[Arch::Sm90a]);
+    // Known spills: the L1's (TilePlan::known_spill), and 4 B of the FP8 g128 two-CTA kernel's
+    // producer (the grid's size, reloaded per unit from local memory, 2026-12-02, perf.md v77).
+    let known_spill =
+        l1.known_spill() || (recipe == Recipe::G128 && l1.mma == Mma::Fp8 && l1.ctas_per_sm == 2);
+    Ok(if known_spill { spec } else { spec.no_spill() }
         .header(MEGA_HEADER)
         .headers(crate::CUDA_HEADERS)
         .headers(barriers::CUDA_HEADERS)

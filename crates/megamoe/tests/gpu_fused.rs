@@ -45,6 +45,11 @@ fn fused_rank(
         routes,
         &problem.weights[r],
     )?;
+    // Every kernel compiled before the first collective launch: a rank compiling a tile its
+    // peers do not need would keep them waiting at the device meeting past its timeout.
+    rank.warm_up()?;
+    rank.warm_up_fused()?;
+    world.barrier()?;
     let mut ys = Vec::new();
     for inputs in cases {
         let t = inputs[r].tokens;
