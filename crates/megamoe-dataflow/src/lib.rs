@@ -59,6 +59,11 @@ pub const fn l1_block_n(recipe: Recipe) -> u32 {
     moe_sched::heuristics::l1_block_n(DEFAULT_BLOCK_N, recipe.group() as u32)
 }
 
+/// L1 n-blocks per (expert, m-block): 2I / [`l1_block_n`].
+fn l1_n_blocks(config: &Config) -> u32 {
+    to_u32(2 * config.intermediate) / l1_block_n(config.recipe)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineOptions {
     /// GEMM worker threads per rank (the persistent CTAs of one GPU).
@@ -267,11 +272,10 @@ impl DataflowEngine {
                 return Err(EngineError::NoThreads { what });
             }
         }
-        let l1_n_blocks = 2 * config.intermediate / l1_block_n(config.recipe) as usize;
         Ok(DataflowEngine {
             config: *config,
             shape,
-            layout: EngineLayout::new(&shape, l1_n_blocks),
+            layout: EngineLayout::new(&shape, l1_n_blocks(config) as usize),
             options,
             buffers: KeptBuffers::default(),
         })
@@ -296,7 +300,7 @@ impl DataflowEngine {
             .options
             .block_m
             .unwrap_or_else(|| choose_block_m(expected));
-        let l1_n_blocks = to_u32(2 * c.intermediate) / l1_block_n(c.recipe);
+        let l1_n_blocks = l1_n_blocks(c);
         let shape = ScheduleShape {
             block_m,
             l1_n_blocks,
