@@ -20,7 +20,7 @@ pub mod testkit;
 use std::time::Duration;
 
 use cuda_rt::{Header, KernelSpec};
-use symm_mem::{MAX_RANKS, SymmLayout};
+use symm_mem::MAX_RANKS;
 
 pub use error::{BarrierError, LocalWait, check_error_word};
 
@@ -58,23 +58,20 @@ pub struct BarrierWords {
 }
 
 impl BarrierWords {
-    /// The words at the start of a buffer of their own (tests, benchmarks), each kind on its own
-    /// 128-byte lines; anything else may start at [`Self::LEADING_BYTES`].
-    pub const LEADING: Self = Self {
-        grid: 0,
-        error: 128,
-        signals: 256,
-    };
-    pub const LEADING_BYTES: u64 = 1024;
-
-    /// The MegaMoE buffer's words.
-    pub fn from_layout(layout: &SymmLayout) -> Self {
+    /// The words in the [`Self::LEADING_BYTES`] bytes from `offset` of the buffer (a multiple of
+    /// 128 the caller sets aside for them), each kind on its own 128-byte lines.
+    pub const fn at(offset: u64) -> Self {
         Self {
-            grid: layout.grid_barrier.offset,
-            signals: layout.rank_barrier_signals.offset,
-            error: layout.error_word.offset,
+            grid: offset,
+            error: offset + 128,
+            signals: offset + 256,
         }
     }
+
+    /// The words at the start of a buffer of their own (tests, benchmarks); anything else may
+    /// start at [`Self::LEADING_BYTES`].
+    pub const LEADING: Self = Self::at(0);
+    pub const LEADING_BYTES: u64 = 1024;
 }
 
 const _: () = assert!(

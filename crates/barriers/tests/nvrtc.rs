@@ -1,6 +1,6 @@
 //! No GPU needed (the CUDA toolkit is: scripts/cuda-toolchain.sh): the kernels compile to spill-free
 //! cubins for every target, the header's error-word constants are the host's, and the barrier
-//! words of the MegaMoE layout are where the layout puts them.
+//! words lie where the caller puts them.
 
 use barriers::error::{
     ERROR_KIND_LOCAL_TIMEOUT, ERROR_KIND_RANK_TIMEOUT, ERROR_KIND_SHIFT, ERROR_LOCAL_WAIT_SHIFT,
@@ -9,7 +9,7 @@ use barriers::error::{
 };
 use barriers::{BarrierWords, CUDA_HEADER, kernels};
 use cuda_rt::Arch;
-use symm_mem::{BlockMs, SymmLayout, SymmParams};
+use symm_mem::MAX_RANKS;
 
 #[test]
 fn test_kernels_compile_spill_free_for_every_arch() {
@@ -67,28 +67,20 @@ fn header_error_constants_are_the_hosts() {
 }
 
 #[test]
-fn barrier_words_come_from_the_layout() {
-    let layout = SymmLayout::new(SymmParams {
-        num_ranks: 8,
-        max_tokens_per_rank: 256,
-        hidden: 1024,
-        intermediate: 512,
-        num_experts: 64,
-        num_topk: 4,
-        act_scale_group: 32,
-        block_ms: BlockMs::single(64).unwrap(),
-        l1_block_n: 128,
-    })
-    .unwrap();
-    let words = BarrierWords::from_layout(&layout);
-    assert_eq!(words.grid, layout.grid_barrier.offset);
-    assert_eq!(words.signals, layout.rank_barrier_signals.offset);
-    assert_eq!(words.error, layout.error_word.offset);
-    assert!(layout.rank_barrier_signals.bytes >= 8 * 8);
-    for w in [words.grid, words.signals, words.error] {
-        assert!(
-            w % 8 == 0 && w < layout.workspace_bytes,
-            "zeroed workspace, 8-aligned"
-        );
+fn barrier_words_lie_where_the_caller_puts_them() {
+    for offset in [0, 128, 1 << 20] {
+        let words = BarrierWords::at(offset);
+        let end = offset + BarrierWords::LEADING_BYTES;
+        for w in [words.grid, words.error] {
+            assert!(
+                w.is_multiple_of(8) && (offset..end).contains(&w),
+                "{offset}: {words:?}"
+            );
+        }
+        assert!(words.signals.is_multiple_of(128) && words.signals + 8 * MAX_RANKS as u64 <= end);
+        // Each kind on its own 128-byte lines.
+        let lines = [words.grid / 128, words.error / 128, words.signals / 128];
+        assert!(lines[0] < lines[1] && lines[1] < lines[2], "{words:?}");
     }
+    assert_eq!(BarrierWords::LEADING, BarrierWords::at(0));
 }

@@ -1,6 +1,6 @@
 //! `megamoe-cli`, the `megamoe` binary: `gen` writes a random problem directory, `run` computes `y.rank{r}` with
 //! a backend (cpu, cpu-dataflow, cuda), `check` compares two outputs with the acceptance metric of DESIGN §1, `plan`
-//! prints `moe_sched`'s per-rank plan of a preset, `bench` times the cuda backend.
+//! prints `moe_sched`'s per-rank plan of a preset and the size of its symmetric buffer, `bench` times the cuda backend.
 //!
 //! `--world process` (cuda `run`, `bench`) runs one process per rank: the command launches itself
 //! once per rank with torchrun's variables set (`megamoe::cuda::spawn_rank_processes`), and a
@@ -136,6 +136,9 @@ struct PlanArgs {
     tokens: usize,
     #[arg(long, default_value_t = Recipe::Mx32)]
     recipe: Recipe,
+    /// The GEMMs' tensor-core routes, which set the L1 pool's format in the symmetric buffer.
+    #[arg(long, default_value_t = Routes::EXACT)]
+    mma: Routes,
     /// SMs per GPU (persistent workers).
     #[arg(long, default_value_t = moe_sched::heuristics::DEFAULT_NUM_SMS)]
     sms: u32,
@@ -524,7 +527,15 @@ fn plan(args: &PlanArgs) -> anyhow::Result<()> {
             u32_of("tokens", args.tokens)?,
         )
     })?;
+    let shape = megamoe::cuda::pipeline_shape(&config, args.tokens, args.mma)?;
     println!("{}: {plan}", args.preset);
+    println!(
+        "  {:<20} {:.3} GiB ({} pool rows, {} tensor-core route)",
+        "buffer per rank",
+        shape.peer_layout().bytes as f64 / f64::from(1 << 30),
+        shape.pool_rows,
+        args.mma
+    );
     Ok(())
 }
 

@@ -1,26 +1,32 @@
-//! `megamoe-dataflow`: the CPU dataflow engine (`megamoe run --backend cpu-dataflow`): the fused kernel's dataflow
-//! on host threads, so the buffer protocol the GPU kernel follows is exercised, and its
-//! bookkeeping tested, on any machine. R ranks, each with D dispatch threads (the dispatch
-//! warps) and W GEMM workers (the persistent CTAs), run over one host-memory symmetric buffer
-//! per rank laid out by `symm_mem::SymmLayout`, with `moe_sched`'s heuristics, interleave, pool
-//! offsets and wave scheduler:
+//! `megamoe-dataflow`: the CPU dataflow engine (`megamoe run --backend cpu-dataflow`): the
+//! forward on host threads over the GPU backends' buffer protocol (`megamoe_kernel::protocol`),
+//! so the protocol, and the dataflow the fused kernel is to adopt, run and are tested on any
+//! machine. R ranks, each with D dispatch threads (the dispatch warps) and W GEMM workers (the
+//! persistent CTAs), run over one host-memory symmetric buffer per rank laid out by the
+//! protocol's `PeerLayout` (the GPU's regions at the GPU's offsets, the engine's own after
+//! them), with `moe_sched`'s heuristics and wave scheduler:
 //!
-//! 1. dispatch: count routes per expert, reserve slots on the rank's `send_counts`, write
-//!    `token·k + j` into the owner's `src_token_topk`; the rank's leader writes its counts into
-//!    every owner's `recv_counts`; global barrier;
-//! 2. pull (dispatch threads): tokens, scales and top-k weights from the source ranks into the
-//!    owner's L1 pool in "peel the minimum remaining" order, a `TokenSrc` per row, the block's
-//!    arrival counter bumped per row;
-//! 3. GEMM workers walk the wave schedule: an L1 block (expert, m-block, n-block) waits for its
-//!    rows, computes gate and up of its channels, runs the SwiGLU epilogue, re-quantizes into
-//!    the L2 pool and sets its bit of the block's arrival mask; an L2 block waits for the full
-//!    mask and writes BF16 results into the SOURCE rank's combine slot `[j][t]`; global barrier;
+//! 1. count: each rank's leader publishes its routes per expert (`expert_counts`) as its row of
+//!    every rank's counts table; the ranks meet;
+//! 2. plan: every thread plans every owner's pools from the table (`PoolPlan`: the GPU's row
+//!    order and padding; every rank refuses an overflow alike);
+//! 3. dispatch threads push each pair of their tokens into its row of the owner's L1 pool
+//!    (`routes`) — the exact route's pool: the E4M3 row times its scales as BF16, in the GEMM's
+//!    channel order — with its `RowMeta`, and bump the owner's arrival counter of the row's L1
+//!    block; meanwhile GEMM workers walk the wave schedule: an L1 block (expert, m-block,
+//!    n-block) waits for its rows, computes gate and up of its channels, runs the SwiGLU
+//!    epilogue with each row's top-k weight, re-quantizes into the L2 pool and sets its bit of the
+//!    block's arrival mask; an L2 block waits for the full mask and writes BF16 results into the
+//!    source rank's combine slot `[j][t]` its row's `RowMeta` names; global barrier;
 //! 4. combine: per token, valid slots in increasing j, f32 sum, BF16.
 //!
-//! All per-row math is [`megamoe_problems::reference`]'s (same GEMM sums, epilogue, rounding, combine), so
-//! results are bitwise equal to [`reference::forward`](megamoe_problems::reference::forward). Routings that do not fit the
-//! buffer are refused before any thread starts; every wait is bounded by a timeout that fails
-//! the run with an error instead of hanging.
+//! The arrival counters and masks are what the GPU pipeline does not have yet (it meets at a
+//! cross-rank barrier after dispatch): regions of the engine's own past the protocol's, reached
+//! through the same symmetric view. All per-row math is [`megamoe_problems::reference`]'s (same
+//! GEMM sums, epilogue, rounding, combine), so results are bitwise equal to
+//! [`reference::forward`](megamoe_problems::reference::forward). Plans that do not fit the
+//! pools are refused with the protocol's capacity error before any thread starts; every wait is
+//! bounded by a timeout that fails the run with an error instead of hanging.
 //!
 //! A choice the GPU kernel may make differently: an L1 n-block covers BLOCK_N/2 channels of h
 //! (the gate and up rows of the same channels, as DeepGEMM interleaves its weights), and
@@ -32,16 +38,17 @@ mod world;
 use fp_formats::{Recipe, bf16};
 use megamoe::config::{Config, ConfigError};
 use megamoe::problem::{ProblemError, RankInputs, RankWeights};
+use megamoe_kernel::Routes;
+use megamoe_kernel::protocol::{PipelineShape, PoolPlan, ProtocolError, expert_counts};
 use moe_sched::heuristics::{
-    BLOCK_M_CANDIDATES, DEFAULT_BLOCK_N, WaveInputs, choose_block_m, choose_experts_per_wave,
+    DEFAULT_BLOCK_N, WaveInputs, choose_block_m, choose_experts_per_wave,
     expected_tokens_per_expert,
 };
-use moe_sched::{PoolLayout, RoutingStats, SchedError, ScheduleShape, WaveSchedule};
+use moe_sched::{SchedError, ScheduleShape, WaveSchedule};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
-use symm_mem::{BlockMs, ByteSize, Region, SymmError, SymmLayout, SymmParams};
 use tracing::info;
-use world::{RankThread, World};
+use world::{EngineLayout, RankThread, World};
 
 /// Width of an L2 n-block (output columns of H).
 pub const L2_BLOCK_N: u32 = DEFAULT_BLOCK_N;
@@ -52,13 +59,18 @@ pub const fn l1_block_n(recipe: Recipe) -> u32 {
     moe_sched::heuristics::l1_block_n(DEFAULT_BLOCK_N, recipe.group() as u32)
 }
 
+/// L1 n-blocks per (expert, m-block): 2I / [`l1_block_n`].
+fn l1_n_blocks(config: &Config) -> u32 {
+    to_u32(2 * config.intermediate) / l1_block_n(config.recipe)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineOptions {
     /// GEMM worker threads per rank (the persistent CTAs of one GPU).
     pub workers_per_rank: usize,
     /// Dispatch threads per rank (the dispatch warps).
     pub dispatch_threads_per_rank: usize,
-    /// BLOCK_M; `None` takes `moe_sched`'s heuristic (or the nearest size the layout serves).
+    /// BLOCK_M; `None` takes `moe_sched`'s heuristic.
     pub block_m: Option<u32>,
     /// How long any wait (a barrier, an arrival counter) may last before the run fails.
     pub timeout: Duration,
@@ -81,18 +93,15 @@ pub enum EngineError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Problem(#[from] ProblemError),
-    #[error("symmetric buffer: {0}")]
-    Layout(#[from] SymmError),
-    #[error("the buffer layout has {field} = {layout}, the config {config}")]
-    LayoutMismatch {
+    /// The protocol's refusals: a shape it cannot lay out, a plan that overflows an owner's pools.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("the pipeline shape has {field} = {shape}, the engine needs {needs}")]
+    ShapeMismatch {
         field: &'static str,
-        layout: u64,
-        config: u64,
+        shape: String,
+        needs: String,
     },
-    #[error(
-        "L1 BLOCK_N = {block_n}: an L1 block covers BLOCK_N/2 channels of h, which must be whole groups of G = {group}"
-    )]
-    L1BlockN { block_n: u32, group: usize },
     #[error("{what} per rank must be at least 1")]
     NoThreads { what: &'static str },
     #[error(
@@ -103,12 +112,12 @@ pub enum EngineError {
         tokens: usize,
         max_tokens: usize,
     },
-    #[error("routing: {0}")]
-    Routing(SchedError),
-    #[error("rank {rank}: the routing does not fit the buffer: {source}")]
-    Capacity { rank: usize, source: SchedError },
-    #[error("could not allocate the {} symmetric buffer of rank {rank}", ByteSize(*bytes))]
-    OutOfMemory { rank: usize, bytes: u64 },
+    #[error("schedule: {0}")]
+    Schedule(SchedError),
+    #[error("could not allocate the {bytes}-byte symmetric buffer of rank {rank}")]
+    OutOfMemory { rank: usize, bytes: usize },
+    #[error(transparent)]
+    Symm(#[from] symm_mem::SymmError),
     #[error("could not start thread {thread} of rank {rank}: {message}")]
     Spawn {
         rank: usize,
@@ -144,13 +153,14 @@ pub struct DataflowRun {
     pub schedule: ScheduleShape,
 }
 
-/// The engine for one config and one buffer layout; runs any routing that fits the buffer. Its
-/// symmetric buffers live from call to call, as the kernel's do: each call copies its inputs in,
-/// and leaves the counters reset and the barrier words settled for the next.
+/// The engine for one config and one pipeline shape; runs any routing whose plans fit the
+/// shape's pools. Its symmetric buffers live from call to call, as the GPU's do: each call
+/// leaves the arrival counters reset and the barrier words settled for the next.
 #[derive(Debug)]
 pub struct DataflowEngine {
     config: Config,
-    layout: SymmLayout,
+    shape: PipelineShape,
+    layout: EngineLayout,
     options: EngineOptions,
     buffers: KeptBuffers,
 }
@@ -172,64 +182,86 @@ impl std::fmt::Debug for KeptBuffers {
     }
 }
 
-/// Saturates, so out-of-range sizes reach `SymmParams::validate` and are refused there.
+/// Saturates: the heuristics take 32-bit sizes.
 fn to_u32(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 impl DataflowEngine {
-    /// An engine whose buffer holds `max_tokens_per_rank` tokens per rank, laid out for every
-    /// BLOCK_M candidate of the heuristic (and `options.block_m`).
+    /// An engine whose pools hold any routing of up to `max_tokens_per_rank` tokens per rank
+    /// (the shape the GPU backends build for the config, on the exact route).
     pub fn new(
         config: &Config,
         max_tokens_per_rank: usize,
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
         config.validate()?;
-        let mut block_ms = BLOCK_M_CANDIDATES.to_vec();
-        block_ms.extend(options.block_m);
-        let layout = SymmLayout::new(SymmParams {
-            num_ranks: to_u32(config.num_ranks),
-            max_tokens_per_rank: to_u32(max_tokens_per_rank.max(1)),
-            hidden: to_u32(config.hidden),
-            intermediate: to_u32(config.intermediate),
-            num_experts: to_u32(config.num_experts),
-            num_topk: to_u32(config.top_k),
-            act_scale_group: to_u32(config.act_group()),
-            block_ms: BlockMs::new(&block_ms)?,
-            l1_block_n: l1_block_n(config.recipe),
-        })?;
-        Self::with_layout(config, layout, options)
+        let shape = PipelineShape::new(
+            config.recipe,
+            Routes::EXACT,
+            config.hidden,
+            config.intermediate,
+            config.num_experts,
+            config.top_k,
+            config.num_ranks,
+            max_tokens_per_rank,
+            config.clamp,
+        )?;
+        Self::with_shape(config, shape, options)
     }
 
-    /// An engine on a given buffer layout, which must describe `config`.
-    pub fn with_layout(
+    /// An engine on a given pipeline shape (e.g. pools smaller than any routing needs), which
+    /// must describe `config` on the exact route: the L1 pool holds BF16 rows.
+    pub fn with_shape(
         config: &Config,
-        layout: SymmLayout,
+        shape: PipelineShape,
         options: EngineOptions,
     ) -> Result<Self, EngineError> {
         config.validate()?;
-        let p = &layout.params;
-        for (field, layout, config) in [
-            ("num_ranks", p.num_ranks, config.num_ranks),
-            ("hidden", p.hidden, config.hidden),
-            ("intermediate", p.intermediate, config.intermediate),
-            ("num_experts", p.num_experts, config.num_experts),
-            ("num_topk", p.num_topk, config.top_k),
-            ("act_scale_group", p.act_scale_group, config.act_group()),
-        ] {
-            if layout as usize != config {
-                return Err(EngineError::LayoutMismatch {
-                    field,
-                    layout: layout.into(),
-                    config: config as u64,
-                });
-            }
-        }
-        if !(p.l1_block_n as usize / 2).is_multiple_of(config.act_group()) {
-            return Err(EngineError::L1BlockN {
-                block_n: p.l1_block_n,
-                group: config.act_group(),
+        shape.validate()?;
+        let fields: [(&'static str, String, String); 8] = [
+            (
+                "recipe",
+                shape.recipe.to_string(),
+                config.recipe.to_string(),
+            ),
+            (
+                "routes",
+                shape.routes.to_string(),
+                Routes::EXACT.to_string(),
+            ),
+            (
+                "hidden",
+                shape.hidden.to_string(),
+                config.hidden.to_string(),
+            ),
+            (
+                "intermediate",
+                shape.intermediate.to_string(),
+                config.intermediate.to_string(),
+            ),
+            (
+                "num_experts",
+                shape.num_experts.to_string(),
+                config.num_experts.to_string(),
+            ),
+            ("top_k", shape.top_k.to_string(), config.top_k.to_string()),
+            (
+                "num_ranks",
+                shape.num_ranks.to_string(),
+                config.num_ranks.to_string(),
+            ),
+            (
+                "clamp",
+                format!("{:?}", shape.clamp),
+                format!("{:?}", config.clamp),
+            ),
+        ];
+        if let Some((field, shape, needs)) = fields.into_iter().find(|(_, s, n)| s != n) {
+            return Err(EngineError::ShapeMismatch {
+                field,
+                shape,
+                needs,
             });
         }
         for (what, n) in [
@@ -242,51 +274,53 @@ impl DataflowEngine {
         }
         Ok(DataflowEngine {
             config: *config,
-            layout,
+            shape,
+            layout: EngineLayout::new(&shape, l1_n_blocks(config) as usize),
             options,
             buffers: KeptBuffers::default(),
         })
     }
 
-    pub fn layout(&self) -> &SymmLayout {
-        &self.layout
+    /// The protocol's shape the engine's buffers are laid out by.
+    pub fn shape(&self) -> &PipelineShape {
+        &self.shape
     }
 
     /// BLOCK_M, the n-blocks and experts per wave for a call whose largest rank brings
     /// `tokens` tokens: the kernel's specialization, chosen from the expected load only.
     fn schedule_shape(&self, tokens: usize) -> Result<ScheduleShape, EngineError> {
-        let p = &self.layout.params;
-        let expected =
-            expected_tokens_per_expert(to_u32(tokens), p.num_ranks, p.num_topk, p.num_experts);
-        let block_m = self.options.block_m.unwrap_or_else(|| {
-            let want = choose_block_m(expected);
-            p.block_ms
-                .iter()
-                .find(|&bm| bm >= want)
-                .unwrap_or(p.block_ms.max())
-        });
-        self.layout.pool_capacity_for(block_m)?;
-        let l1_n_blocks = p.l1_n_blocks();
+        let c = &self.config;
+        let expected = expected_tokens_per_expert(
+            to_u32(tokens),
+            to_u32(c.num_ranks),
+            to_u32(c.top_k),
+            to_u32(c.num_experts),
+        );
+        let block_m = self
+            .options
+            .block_m
+            .unwrap_or_else(|| choose_block_m(expected));
+        let l1_n_blocks = l1_n_blocks(c);
         let shape = ScheduleShape {
             block_m,
             l1_n_blocks,
-            l2_n_blocks: p.hidden / L2_BLOCK_N,
+            l2_n_blocks: to_u32(c.hidden) / L2_BLOCK_N,
             num_experts_per_wave: choose_experts_per_wave(&WaveInputs {
-                num_local_experts: p.num_local_experts(),
+                num_local_experts: to_u32(c.experts_per_rank()),
                 expected_tokens_per_expert: expected,
                 block_m,
                 l1_n_blocks,
-                intermediate: p.intermediate,
+                intermediate: to_u32(c.intermediate),
                 num_sms: to_u32(self.options.workers_per_rank),
             }),
         };
         // Refuses a bad shape here rather than in every worker.
-        WaveSchedule::new(shape, &vec![0; p.num_local_experts() as usize])
-            .map_err(EngineError::Routing)?;
+        WaveSchedule::new(shape, &vec![0; c.experts_per_rank()]).map_err(EngineError::Schedule)?;
         Ok(shape)
     }
 
-    /// Checks everything a run relies on, then runs it: `y` `[T, H]` BF16 per rank.
+    /// Checks everything a run relies on — the inputs, and every owner's plan against its pools
+    /// — then runs it: `y` `[T, H]` BF16 per rank.
     pub fn forward(
         &self,
         weights: &[RankWeights],
@@ -303,7 +337,7 @@ impl DataflowEngine {
                 .into());
             }
         }
-        let max_tokens = layout.params.max_tokens_per_rank as usize;
+        let max_tokens = self.shape.max_tokens;
         for (rank, (w, x)) in weights.iter().zip(inputs).enumerate() {
             let in_rank = |e: ProblemError| ProblemError::Rank {
                 rank,
@@ -319,28 +353,25 @@ impl DataflowEngine {
                 });
             }
         }
-        let topk_idx: Vec<&[i64]> = inputs.iter().map(|x| x.topk_idx.as_slice()).collect();
-        let stats =
-            RoutingStats::from_topk(layout.params.num_experts, layout.params.num_topk, &topk_idx)
-                .map_err(EngineError::Routing)?;
-        let tokens: Vec<usize> = inputs.iter().map(|x| x.tokens).collect();
-        let shape = self.schedule_shape(tokens.iter().copied().max().unwrap_or(0))?;
-        let expected_counts: Vec<Vec<u32>> = (0..layout.params.num_ranks)
-            .map(|owner| stats.tokens_per_local_expert(owner))
-            .collect();
-        for (rank, counts) in expected_counts.iter().enumerate() {
-            PoolLayout::new(layout, counts, shape.block_m)
-                .map_err(|source| EngineError::Capacity { rank, source })?;
+        let counts = inputs
+            .iter()
+            .map(|x| expert_counts(&x.topk_idx, c.top_k, c.num_experts))
+            .collect::<Result<Vec<_>, _>>()?;
+        for owner in 0..c.num_ranks {
+            PoolPlan::new(&counts, owner, c.experts_per_rank(), self.shape.pool_rows)?;
         }
+        let tokens: Vec<usize> = inputs.iter().map(|x| x.tokens).collect();
+        let schedule = self.schedule_shape(tokens.iter().copied().max().unwrap_or(0))?;
 
         let o = &self.options;
         let threads = o.dispatch_threads_per_rank + o.workers_per_rank;
         info!(
             ranks = c.num_ranks,
             threads_per_rank = threads,
-            block_m = shape.block_m,
-            experts_per_wave = shape.num_experts_per_wave,
-            buffer_per_rank = %ByteSize(layout.total_bytes),
+            block_m = schedule.block_m,
+            experts_per_wave = schedule.num_experts_per_wave,
+            pool_rows = self.shape.pool_rows,
+            buffer_bytes_per_rank = layout.bytes,
             "cpu-dataflow run"
         );
         // One call at a time on the buffers; a failed call leaves them to be dropped.
@@ -351,17 +382,16 @@ impl DataflowEngine {
             .unwrap_or_else(PoisonError::into_inner);
         let buffers = match kept.take() {
             Some(buffers) => buffers,
-            None => world::zeroed_buffers(layout)?,
+            None => world::zeroed_buffers(layout, c.num_ranks)?,
         };
-        let world = World::reuse(layout, buffers, o.timeout, |rank, bytes| {
-            copy_inputs(layout, &inputs[rank], bytes)
-        })?;
+        let world = World::new(layout, buffers, o.timeout)?;
         let job = rank::Job {
             config: c,
+            shape: &self.shape,
             weights,
-            tokens: &tokens,
-            expected_counts: &expected_counts,
-            shape,
+            inputs,
+            counts: &counts,
+            schedule,
             dispatch_threads: o.dispatch_threads_per_rank,
             workers: o.workers_per_rank,
         };
@@ -401,7 +431,7 @@ impl DataflowEngine {
             (_, Some(e)) => Err(e),
             (buffers, None) => {
                 *kept = Some(buffers);
-                Ok(DataflowRun { y, schedule: shape })
+                Ok(DataflowRun { y, schedule })
             }
         }
     }
@@ -416,15 +446,4 @@ pub fn forward(
 ) -> Result<DataflowRun, EngineError> {
     let max_tokens = inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     DataflowEngine::new(config, max_tokens, options)?.forward(weights, inputs)
-}
-
-/// The caller's copy-in: a rank's tokens, scales and routing into its buffer's input regions.
-fn copy_inputs(layout: &SymmLayout, x: &RankInputs, bytes: &mut [u8]) {
-    let mut put = |region: &Region, data: &[u8]| {
-        bytes[region.offset as usize..][..data.len()].copy_from_slice(data);
-    };
-    put(&layout.x, &x.x);
-    put(&layout.x_sf, &x.x_sf);
-    put(&layout.topk_idx, bytemuck::cast_slice(&x.topk_idx));
-    put(&layout.topk_weights, bytemuck::cast_slice(&x.topk_weights));
 }

@@ -1,29 +1,86 @@
-//! The host-memory world of the dataflow engine: one zeroed, 128-byte-aligned allocation per
-//! rank laid out by [`SymmLayout`], typed views of its regions, the failure record, bounded
-//! waits, and the two barriers of the kernel.
+//! The host-memory world of the dataflow engine: one zeroed allocation per rank laid out by
+//! [`EngineLayout`] — the protocol's [`PeerLayout`], then the engine's own regions — typed views
+//! of its regions, the failure record, bounded waits, and the two barriers of the kernel.
 //!
 //! Symmetric pointers are emulated, not faked: every rank holds a [`SymmBuffer`] built from
 //! all ranks' base addresses, and reaches a peer's copy of a region by `map`ping its own
 //! address of that region, as a GPU thread does over NVLink. Addresses are plain integers, so
 //! pointers are rebuilt from them with exposed provenance.
 //!
-//! Concurrency follows the kernel's protocol instead of Rust's borrow rules: workspace counters
-//! are only ever touched as atomics, and every plain read or write of a region covers exactly
-//! the rows one thread owns at that point of the protocol (after the barrier or the
-//! release/acquire counter that hands them over). The `unsafe` region accessors state that
+//! Concurrency follows the kernel's protocol instead of Rust's borrow rules: counters and
+//! barrier words are only ever touched as atomics, and every plain read or write of a region
+//! covers exactly the rows one thread owns at that point of the protocol (after the barrier or
+//! the release/acquire counter that hands them over). The `unsafe` region accessors state that
 //! contract; their callers say why it holds.
 
 use super::EngineError;
+use megamoe_kernel::protocol::{PEER_REGION_ALIGN, PeerLayout, PeerRegion, PipelineShape};
 use std::alloc::{self, Layout};
 use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use symm_mem::layout::TMA_ALIGN;
-use symm_mem::{Region, SymmBuffer, SymmLayout};
+use symm_mem::SymmBuffer;
 
-/// One rank's buffer: `total_bytes` bytes aligned to [`TMA_ALIGN`], zeroed when allocated.
+/// One rank's symmetric buffer: the protocol's regions at the GPU's offsets, then what the
+/// fused GPU kernel has no region for yet, each region [`PEER_REGION_ALIGN`]-aligned. The
+/// engine's regions lie in the same allocation so that peers reach them as they reach the
+/// protocol's, through the symmetric view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineLayout {
+    /// The L1 pool, its row metadata, the combine buffer, the cross-rank barrier's signals and
+    /// the counts table, as every GPU backend lays them out.
+    pub peer: PeerLayout,
+    /// u64: the barrier of the rank's threads ([`RankThread::grid_sync`]), never reset.
+    pub grid: PeerRegion,
+    /// `[pool_rows]` u32: at an L1 block's first row, how many of its rows have arrived; bumped
+    /// by the dispatching ranks, reset by the owner at the end of a call.
+    pub l1_arrivals: PeerRegion,
+    /// `[pool_rows][mask_words]` u64: at an L1 block's first row, a bit per L1 n-block whose
+    /// columns are in the L2 pool; reset by the owner at the end of a call.
+    pub l2_arrivals: PeerRegion,
+    /// u64 words of one L2 arrival mask: ⌈L1 n-blocks / 64⌉.
+    pub mask_words: usize,
+    /// The L2 pool, E4M3 `[pool_rows][I]` and UE8M0 `[pool_rows][I/G]`: rank-local (the
+    /// pipeline's own buffer on the GPU), written by the SwiGLU epilogue of the rank's L1 blocks.
+    pub l2_act: PeerRegion,
+    pub l2_sf: PeerRegion,
+    /// Bytes to allocate per rank.
+    pub bytes: usize,
+}
+
+impl EngineLayout {
+    /// The layout of `shape`, whose L1 blocks split 2I into `l1_n_blocks`.
+    pub fn new(shape: &PipelineShape, l1_n_blocks: usize) -> Self {
+        let peer = shape.peer_layout();
+        let (rows, i, g) = (shape.pool_rows, shape.intermediate, shape.recipe.group());
+        let mask_words = l1_n_blocks.div_ceil(64);
+        let mut end = peer.bytes;
+        let mut region = |bytes: usize| {
+            let region = PeerRegion::after(end, bytes);
+            end = region.end();
+            region
+        };
+        let grid = region(size_of::<u64>());
+        let l1_arrivals = region(rows * size_of::<u32>());
+        let l2_arrivals = region(rows * mask_words * size_of::<u64>());
+        let l2_act = region(rows * i);
+        let l2_sf = region(rows * i / g);
+        EngineLayout {
+            peer,
+            grid,
+            l1_arrivals,
+            l2_arrivals,
+            mask_words,
+            l2_act,
+            l2_sf,
+            bytes: end.next_multiple_of(PEER_REGION_ALIGN),
+        }
+    }
+}
+
+/// One rank's buffer: `bytes` bytes aligned to [`PEER_REGION_ALIGN`], zeroed when allocated.
 pub(super) struct HostBuffer {
     ptr: NonNull<u8>,
     layout: Layout,
@@ -35,23 +92,16 @@ unsafe impl Send for HostBuffer {}
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
-    fn zeroed(rank: usize, bytes: u64) -> Result<Self, EngineError> {
+    fn zeroed(rank: usize, bytes: usize) -> Result<Self, EngineError> {
         let too_big = || EngineError::OutOfMemory { rank, bytes };
-        let size = usize::try_from(bytes).map_err(|_| too_big())?;
-        let layout = Layout::from_size_align(size, TMA_ALIGN as usize).map_err(|_| too_big())?;
+        let layout = Layout::from_size_align(bytes, PEER_REGION_ALIGN).map_err(|_| too_big())?;
         assert!(
-            size > 0,
+            bytes > 0,
             "a symmetric buffer always holds its barrier words"
         );
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) }).ok_or_else(too_big)?;
         Ok(HostBuffer { ptr, layout })
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` holds `layout.size()` initialized (zeroed) bytes, and `&mut self`
-        // excludes every other access while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
     }
 }
 
@@ -75,7 +125,7 @@ struct Failure {
 
 /// Every rank's symmetric buffer plus the run-wide failure record.
 pub(super) struct World<'l> {
-    pub layout: &'l SymmLayout,
+    pub layout: &'l EngineLayout,
     buffers: Vec<HostBuffer>,
     /// `views[r]`: rank r's device view (its base and every peer's offset).
     views: Vec<SymmBuffer>,
@@ -83,35 +133,30 @@ pub(super) struct World<'l> {
     timeout: Duration,
 }
 
-/// Zeroed buffers for every rank of `layout`.
-pub(super) fn zeroed_buffers(layout: &SymmLayout) -> Result<Vec<HostBuffer>, EngineError> {
-    (0..layout.params.num_ranks as usize)
-        .map(|r| HostBuffer::zeroed(r, layout.total_bytes))
+/// Zeroed buffers for `num_ranks` ranks of `layout`.
+pub(super) fn zeroed_buffers(
+    layout: &EngineLayout,
+    num_ranks: usize,
+) -> Result<Vec<HostBuffer>, EngineError> {
+    (0..num_ranks)
+        .map(|r| HostBuffer::zeroed(r, layout.bytes))
         .collect()
 }
 
 impl<'l> World<'l> {
-    /// A world on `buffers`: fresh ones ([`zeroed_buffers`]) or those of an earlier call that
-    /// ended cleanly ([`World::into_parts`]), whose counters were reset at that call's end and
-    /// whose barrier words have settled, as a GPU kernel finds its symmetric buffer at the next
-    /// launch. `fill(rank, bytes)` then writes each rank's inputs while nothing else can see the
-    /// buffers (the caller's copy-in).
-    pub fn reuse(
-        layout: &'l SymmLayout,
-        mut buffers: Vec<HostBuffer>,
+    /// A world on `buffers`, one per rank: fresh ones ([`zeroed_buffers`]) or those of an earlier
+    /// call that ended cleanly ([`World::into_parts`]), whose counters were reset at that call's
+    /// end and whose barrier words have settled, as a GPU kernel finds its symmetric buffer at
+    /// the next launch.
+    pub fn new(
+        layout: &'l EngineLayout,
+        buffers: Vec<HostBuffer>,
         timeout: Duration,
-        mut fill: impl FnMut(usize, &mut [u8]),
     ) -> Result<Self, EngineError> {
         assert!(
-            buffers.len() == layout.params.num_ranks as usize
-                && buffers
-                    .iter()
-                    .all(|b| b.layout.size() as u64 == layout.total_bytes),
+            buffers.iter().all(|b| b.layout.size() == layout.bytes),
             "buffers of another layout"
         );
-        for (rank, buffer) in buffers.iter_mut().enumerate() {
-            fill(rank, buffer.bytes_mut());
-        }
         let bases: Vec<u64> = buffers
             .iter()
             .map(|b| b.ptr.as_ptr().expose_provenance() as u64)
@@ -197,45 +242,43 @@ impl<'l> World<'l> {
         }
     }
 
-    /// The address, on rank `on`, of element `first` of `region` (elements of `T`), as rank
-    /// `from` computes it through its symmetric view.
+    /// The address, on rank `on`, of the first of elements `range` of `region` (elements of `T`),
+    /// as rank `from` computes it through its symmetric view.
     fn element_ptr<T>(
         &self,
         from: usize,
         on: usize,
-        region: &Region,
+        region: &PeerRegion,
         range: &Range<usize>,
     ) -> *mut T {
-        let size = size_of::<T>() as u64;
+        let size = size_of::<T>();
         assert!(
-            region.offset.is_multiple_of(align_of::<T>() as u64)
+            region.offset.is_multiple_of(align_of::<T>())
                 && range.start <= range.end
-                && range.end as u64 * size <= region.bytes,
-            "elements {range:?} of {} bytes are outside region `{}` ({} bytes at {:#x})",
-            size,
-            region.name,
+                && range.end * size <= region.bytes,
+            "elements {range:?} of {size} bytes are outside the region of {} bytes at {:#x}",
             region.bytes,
             region.offset
         );
         let view = &self.views[from];
-        let local = view.region_ptr(region) + range.start as u64 * size;
+        let local = view.base + (region.offset + range.start * size) as u64;
         std::ptr::with_exposed_provenance_mut(view.map(local, on as u32) as usize)
     }
 
-    /// A workspace region of rank `on` as atomics (`A` is `AtomicU32` or `AtomicU64`).
-    fn atomics<A: WorkspaceAtomic>(&self, from: usize, on: usize, region: &Region) -> &[A] {
-        let len = (region.bytes / size_of::<A>() as u64) as usize;
+    /// A region of rank `on` as atomics (`A` is `AtomicU32` or `AtomicU64`).
+    fn atomics<A: CounterAtomic>(&self, from: usize, on: usize, region: &PeerRegion) -> &[A] {
+        let len = region.bytes / size_of::<A>();
         let ptr = self.element_ptr::<A>(from, on, region, &(0..len));
         // SAFETY: the region lies inside rank `on`'s live, zero-initialized buffer, aligned for
-        // `A`; workspace counters are only ever accessed as atomics while the world lives.
+        // `A`; counter regions are only ever accessed as atomics while the world lives.
         unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 
-    pub fn u32s(&self, from: usize, on: usize, region: &Region) -> &[AtomicU32] {
+    pub fn u32s(&self, from: usize, on: usize, region: &PeerRegion) -> &[AtomicU32] {
         self.atomics(from, on, region)
     }
 
-    pub fn u64s(&self, from: usize, on: usize, region: &Region) -> &[AtomicU64] {
+    pub fn u64s(&self, from: usize, on: usize, region: &PeerRegion) -> &[AtomicU64] {
         self.atomics(from, on, region)
     }
 
@@ -247,7 +290,7 @@ impl<'l> World<'l> {
         &self,
         from: usize,
         on: usize,
-        region: &Region,
+        region: &PeerRegion,
         range: Range<usize>,
     ) -> &[T] {
         let ptr = self.element_ptr::<T>(from, on, region, &range);
@@ -265,7 +308,7 @@ impl<'l> World<'l> {
         &self,
         from: usize,
         on: usize,
-        region: &Region,
+        region: &PeerRegion,
         range: Range<usize>,
     ) -> &mut [T] {
         let ptr = self.element_ptr::<T>(from, on, region, &range);
@@ -286,10 +329,10 @@ impl Drop for AbortOnPanic<'_, '_> {
     }
 }
 
-/// The atomic types the workspace holds.
-trait WorkspaceAtomic {}
-impl WorkspaceAtomic for AtomicU32 {}
-impl WorkspaceAtomic for AtomicU64 {}
+/// The atomic types of the counter regions.
+trait CounterAtomic {}
+impl CounterAtomic for AtomicU32 {}
+impl CounterAtomic for AtomicU64 {}
 
 /// One thread of one rank: its place in the rank and its barrier phases.
 pub(super) struct RankThread<'w, 'l> {
@@ -309,9 +352,8 @@ impl<'w, 'l> RankThread<'w, 'l> {
     /// they only grow, and a call starts with every earlier call's barriers complete.
     pub fn new(world: &'w World<'l>, rank: usize, thread: usize, threads_per_rank: usize) -> Self {
         let layout = world.layout;
-        let grid = world.u64s(rank, rank, &layout.grid_barrier)[0].load(Ordering::Acquire);
-        let signal =
-            world.u64s(rank, rank, &layout.rank_barrier_signals)[rank].load(Ordering::Acquire);
+        let grid = world.u64s(rank, rank, &layout.grid)[0].load(Ordering::Acquire);
+        let signal = world.u64s(rank, rank, &layout.peer.signals)[rank].load(Ordering::Acquire);
         RankThread {
             world,
             rank,
@@ -335,13 +377,13 @@ impl<'w, 'l> RankThread<'w, 'l> {
         self.world.wait(self.rank, self.thread, ready, what)
     }
 
-    /// The barrier of the rank's threads, on the rank's `grid_barrier` word: the word only
+    /// The barrier of the rank's threads, on the rank's `grid` word: the word only
     /// grows, and the n-th barrier is passed when it reaches n × threads per rank, so it needs
     /// no reset and a fast thread's next arrival cannot confuse a slow one.
     pub fn grid_sync(&mut self) -> Result<(), Stop> {
         let word = &self
             .world
-            .u64s(self.rank, self.rank, &self.world.layout.grid_barrier)[0];
+            .u64s(self.rank, self.rank, &self.world.layout.grid)[0];
         word.fetch_add(1, Ordering::AcqRel);
         self.grid_phase += 1;
         let target = self.grid_phase * self.threads_per_rank;
@@ -358,17 +400,17 @@ impl<'w, 'l> RankThread<'w, 'l> {
     }
 
     /// The leader's half of the cross-rank barrier: store this rank's phase into its own slot
-    /// of every rank's `rank_barrier_signals` (one writer per word, so plain release stores),
+    /// of every rank's `signals` (one writer per word, so plain release stores),
     /// then wait until every rank's slot here has reached it.
     pub fn cross_rank_sync(&mut self) -> Result<(), Stop> {
         let (world, layout) = (self.world, self.world.layout);
         self.rank_phase += 1;
         let phase = self.rank_phase;
         for peer in 0..world.num_ranks() {
-            world.u64s(self.rank, peer, &layout.rank_barrier_signals)[self.rank]
+            world.u64s(self.rank, peer, &layout.peer.signals)[self.rank]
                 .store(phase, Ordering::Release);
         }
-        let signals = world.u64s(self.rank, self.rank, &layout.rank_barrier_signals);
+        let signals = world.u64s(self.rank, self.rank, &layout.peer.signals);
         self.wait(
             || signals.iter().all(|s| s.load(Ordering::Acquire) >= phase),
             || {
@@ -394,33 +436,51 @@ impl<'w, 'l> RankThread<'w, 'l> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use symm_mem::{BlockMs, SymmParams};
+    use megamoe_kernel::Routes;
+    use megamoe_kernel::protocol::PipelineShape;
 
-    fn layout(ranks: u32) -> SymmLayout {
-        SymmLayout::new(SymmParams {
-            num_ranks: ranks,
-            max_tokens_per_rank: 4,
-            hidden: 128,
-            intermediate: 128,
-            num_experts: 2 * ranks,
-            num_topk: 2,
-            act_scale_group: 32,
-            block_ms: BlockMs::single(16).unwrap(),
-            l1_block_n: 128,
-        })
-        .unwrap()
+    fn layout(ranks: usize) -> EngineLayout {
+        let shape = PipelineShape::new(
+            fp_formats::Recipe::Mx32,
+            Routes::EXACT,
+            128,
+            128,
+            2 * ranks,
+            2,
+            ranks,
+            4,
+            None,
+        )
+        .unwrap();
+        EngineLayout::new(&shape, 2)
+    }
+
+    fn world(layout: &EngineLayout, ranks: usize, timeout: Duration) -> World<'_> {
+        World::new(layout, zeroed_buffers(layout, ranks).unwrap(), timeout).unwrap()
+    }
+
+    #[test]
+    fn engine_regions_follow_the_protocols() {
+        let layout = layout(3);
+        let regions = [
+            layout.grid,
+            layout.l1_arrivals,
+            layout.l2_arrivals,
+            layout.l2_act,
+            layout.l2_sf,
+        ];
+        let mut end = layout.peer.bytes;
+        for region in regions {
+            assert!(region.offset >= end && region.offset.is_multiple_of(PEER_REGION_ALIGN));
+            end = region.end();
+        }
+        assert!(layout.bytes >= end && layout.bytes.is_multiple_of(PEER_REGION_ALIGN));
     }
 
     #[test]
     fn a_wait_that_never_ends_times_out_with_an_error() {
         let layout = layout(1);
-        let world = World::reuse(
-            &layout,
-            zeroed_buffers(&layout).unwrap(),
-            Duration::from_millis(20),
-            |_, _| {},
-        )
-        .unwrap();
+        let world = world(&layout, 1, Duration::from_millis(20));
         let start = Instant::now();
         assert!(world.wait(0, 3, || false, || "nothing".into()).is_err());
         assert!(start.elapsed() < Duration::from_secs(5));
@@ -440,20 +500,16 @@ mod tests {
     #[test]
     fn peers_are_reached_at_the_same_offsets() {
         let layout = layout(3);
-        let world = World::reuse(
-            &layout,
-            zeroed_buffers(&layout).unwrap(),
-            Duration::from_secs(1),
-            |rank, bytes| {
-                let x = &layout.x;
-                bytes[x.offset as usize..][..x.bytes as usize].fill(rank as u8 + 1);
-            },
-        )
-        .unwrap();
+        let world = world(&layout, 3, Duration::from_secs(1));
+        let pool = &layout.peer.l1_act;
+        for rank in 0..3 {
+            // SAFETY: one thread, nothing else reads or writes during the test.
+            unsafe { world.write::<u8>(rank, rank, pool, 0..4) }.fill(rank as u8 + 1);
+        }
         for from in 0..3 {
             for on in 0..3 {
-                // SAFETY: nothing writes during the test.
-                let x: &[u8] = unsafe { world.read(from, on, &layout.x, 0..4) };
+                // SAFETY: nothing writes while the slice lives.
+                let x: &[u8] = unsafe { world.read(from, on, pool, 0..4) };
                 assert_eq!(x, [on as u8 + 1; 4]);
             }
         }
@@ -462,14 +518,8 @@ mod tests {
     #[test]
     fn barriers_order_every_thread_of_every_rank() {
         let (ranks, threads) = (4, 3);
-        let layout = layout(ranks as u32);
-        let world = World::reuse(
-            &layout,
-            zeroed_buffers(&layout).unwrap(),
-            Duration::from_secs(30),
-            |_, _| {},
-        )
-        .unwrap();
+        let layout = layout(ranks);
+        let world = world(&layout, ranks, Duration::from_secs(30));
         let arrived = AtomicU64::new(0);
         std::thread::scope(|s| {
             for rank in 0..ranks {

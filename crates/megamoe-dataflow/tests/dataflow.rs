@@ -1,18 +1,18 @@
 //! The CPU dataflow engine against the reference, bit for bit: 1 to 64 ranks, 0 to 1000 tokens
 //! per rank, masked slots, a hot expert, ranks without tokens, both recipes, several thread
-//! and block sizes; routings the buffer cannot hold and bad L1 outputs are refused with typed
+//! and block sizes; plans the pools cannot hold and bad L1 outputs are refused with typed
 //! errors; random small problems (proptest).
 
 use fp_formats::bf16;
 use megamoe::{Config, Problem, Recipe};
 use megamoe_dataflow::{self as dataflow, DataflowEngine, DataflowRun, EngineError, EngineOptions};
+use megamoe_kernel::protocol::{PipelineShape, ProtocolError};
 use megamoe_problems::generate::{self, GenOptions};
 use megamoe_problems::reference;
 use megamoe_problems::testing::{resplit, tiny_problem};
-use moe_sched::{RoutingStats, SchedError};
+use moe_sched::RoutingStats;
 use proptest::prelude::*;
 use rstest::rstest;
-use symm_mem::{BlockMs, SymmError, SymmLayout, SymmParams};
 
 fn bits(y: &[bf16]) -> Vec<u16> {
     y.iter().map(|v| v.to_bits()).collect()
@@ -204,59 +204,54 @@ fn routings_the_buffer_cannot_hold_are_refused_before_running() {
         })
     );
 
-    // A buffer laid out for BLOCK_M = 16 cannot hold the pool with 32-row blocks.
+    // Pools smaller than the routing's plan: refused with the protocol's capacity error.
     let fits = DataflowEngine::new(&p.config, 7, EngineOptions::default()).unwrap();
-    let layout = SymmLayout::new(SymmParams {
-        block_ms: BlockMs::single(16).unwrap(),
-        ..fits.layout().params
-    })
-    .unwrap();
-    let options = EngineOptions {
-        block_m: Some(32),
-        ..EngineOptions::default()
+    let small_pools = PipelineShape {
+        pool_rows: 16,
+        ..*fits.shape()
     };
-    let err = DataflowEngine::with_layout(&p.config, layout.clone(), options)
+    let err = DataflowEngine::with_shape(&p.config, small_pools, EngineOptions::default())
         .unwrap()
         .forward(w, x)
         .unwrap_err();
     assert!(
         matches!(
             err,
-            EngineError::Layout(SymmError::BlockMNotInLayout { block_m: 32, .. })
+            EngineError::Protocol(ProtocolError::Capacity { capacity: 16, .. })
         ),
         "{err}"
     );
-    // Without the override the engine takes the size the buffer serves, and runs.
-    let run = DataflowEngine::with_layout(&p.config, layout, EngineOptions::default())
+    // The plan does not depend on BLOCK_M: the pools that fit serve every block size.
+    let options = EngineOptions {
+        block_m: Some(32),
+        ..EngineOptions::default()
+    };
+    let run = DataflowEngine::with_shape(&p.config, *fits.shape(), options)
         .unwrap()
         .forward(w, x)
         .unwrap();
-    assert_eq!(run.schedule.block_m, 16);
+    assert_eq!(run.schedule.block_m, 32);
 
-    // A token naming an expert twice would overflow the source table: refused.
+    // A token naming an expert twice takes two pool rows, as on the GPU.
     let mut dup = p.clone();
     dup.inputs[1].topk_idx[..2].copy_from_slice(&[3, 3]);
-    assert_eq!(
-        fits.forward(&dup.weights, &dup.inputs),
-        Err(EngineError::Routing(SchedError::DuplicateExpert {
-            rank: 1,
-            token: 0,
-            expert: 3
-        }))
-    );
+    let want = reference::forward(&dup.config, &dup.weights, &dup.inputs).unwrap();
+    let run = fits.forward(&dup.weights, &dup.inputs).unwrap();
+    for (got, want) in run.y.iter().zip(&want) {
+        assert_eq!(bits(got), bits(want));
+    }
 
-    // A layout for another shape is refused when the engine is built.
+    // A shape of another config is refused when the engine is built.
     let other = Config {
         num_experts: 16,
         ..p.config
     };
     assert_eq!(
-        DataflowEngine::with_layout(&other, fits.layout().clone(), EngineOptions::default())
-            .unwrap_err(),
-        EngineError::LayoutMismatch {
+        DataflowEngine::with_shape(&other, *fits.shape(), EngineOptions::default()).unwrap_err(),
+        EngineError::ShapeMismatch {
             field: "num_experts",
-            layout: 8,
-            config: 16
+            shape: "8".into(),
+            needs: "16".into()
         }
     );
 }

@@ -18,7 +18,7 @@ use crate::gemm::{
     CONSUMER_WARPS, GemmParams, MAX_SPLIT_PARTS, Mma, Routes, THREADS, TOKEN_TILES, TilePlan,
     persistent_grid,
 };
-use crate::problem::POOL_ROW_ALIGN;
+use crate::protocol::POOL_ROW_ALIGN;
 use crate::transform::{Fold, TILE_ROWS};
 use crate::unfused::{
     CombineReduceParams, CombineSendParams, CountParams, DispatchParams, Pipeline, PlanParams,

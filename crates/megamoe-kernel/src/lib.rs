@@ -1,5 +1,7 @@
 //! `megamoe-kernel` owns the MegaMoE CUDA kernels and everything that is specific to them: the
-//! weight transforms from the canonical MXFP4 layout into each kernel's layout, the activation
+//! buffer protocol they share with the CPU dataflow engine ([`protocol`]: the symmetric buffer's
+//! regions and peer table, the pool plan, a pool row's source, the capacity every rank agrees on),
+//! the weight transforms from the canonical MXFP4 layout into each kernel's layout, the activation
 //! pools' channel order ([`pool_order`]) that every pool writer follows, the JIT
 //! specializations (`KernelSpec`s) and their launches: the Hopper grouped GEMM
 //! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`])
@@ -12,16 +14,18 @@ pub mod fused;
 pub mod gemm;
 pub mod pool_order;
 pub mod problem;
+pub mod protocol;
 pub mod transform;
 pub mod unfused;
 
 pub use epilogue::{Epilogue, SwigluOut};
 pub use fused::FusedCore;
 pub use gemm::{DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, Routes, TilePlan};
+pub use protocol::{PeerLayout, PipelineShape, PoolPlan, ProtocolError, RowMeta};
 pub use transform::{
     Fold, GemmWeights, RowOrder, TransformError, transform_l1_weights, transform_weights,
 };
-pub use unfused::{Pipeline, PipelineShape, PoolPlan, UnfusedError};
+pub use unfused::{Pipeline, UnfusedError};
 
 /// Every kernel specialization of this crate (the grouped GEMM's and the unfused pipeline's glue),
 /// for `cargo xtask kernels`.

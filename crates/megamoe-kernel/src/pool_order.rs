@@ -10,7 +10,8 @@
 //! care in which order K is summed, and the per-128 activation scales see whole blocks.
 //!
 //! Every pool producer (the tests' [`crate::problem::ActPool::device_image`], the unfused
-//! pipeline's dispatch and SwiGLU) writes this order; nothing reads a pool but the GEMM.
+//! pipeline's dispatch and SwiGLU, the CPU dataflow engine's dispatch) writes this order; nothing
+//! reads a pool but the GEMM and the CPU engine's L1 blocks ([`canonical_channel`]).
 
 use crate::gemm::Mma;
 use crate::transform::BLOCK_K;

@@ -12,10 +12,8 @@ use rayon::prelude::*;
 
 use crate::gemm::Mma;
 use crate::pool_order;
+use crate::protocol::POOL_ROW_ALIGN;
 use crate::transform::BLOCK_K;
-
-/// Expert pools start at multiples of this many rows (the GEMM's scale loads need 16-B alignment).
-pub const POOL_ROW_ALIGN: usize = 16;
 
 /// Canonical MXFP4 weights of `experts` experts, `n` rows by `k`.
 pub struct ExpertWeights {

@@ -38,7 +38,8 @@ mod batch;
 
 pub use batch::{DeviceBatch, driver};
 pub use megamoe_kernel::fused::DeviceIo;
-use megamoe_kernel::unfused::{Pipeline, PipelineShape, UnfusedError};
+use megamoe_kernel::protocol::PipelineShape;
+use megamoe_kernel::unfused::{Pipeline, UnfusedError};
 use megamoe_kernel::{Routes, transform_l1_weights, transform_weights};
 use symm_mem::world::RankOutput;
 use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
@@ -270,7 +271,7 @@ pub fn pipeline_shape(
     max_tokens: usize,
     routes: impl Into<Routes>,
 ) -> Result<PipelineShape, CudaError> {
-    Ok(PipelineShape::new(
+    PipelineShape::new(
         config.recipe,
         routes,
         config.hidden,
@@ -280,7 +281,8 @@ pub fn pipeline_shape(
         config.num_ranks,
         max_tokens,
         config.clamp,
-    )?)
+    )
+    .map_err(|e| UnfusedError::from(e).into())
 }
 
 /// One rank of the CUDA backend: its world, its JIT, its symmetric buffer and its pipeline

@@ -1,13 +1,9 @@
-//! The errors of this crate: malformed routings and shapes, and `symm-mem`'s refusals.
+//! The errors of this crate: malformed routings and shapes.
 
-use symm_mem::SymmError;
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SchedError {
-    #[error(transparent)]
-    Symm(#[from] SymmError),
-
     #[error("bad shape: {0}")]
     Shape(String),
 

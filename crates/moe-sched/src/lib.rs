@@ -6,21 +6,21 @@
 //! - [`wave`]: the wave scheduler (per wave, all L1 blocks then all L2 blocks) and one
 //!   persistent worker's walk over it;
 //! - [`interleave`]: the "peel the minimum remaining" order of source ranks in an expert's pool;
-//! - [`pool`]: BLOCK_M-aligned pool offsets and pool blocks of one routing;
-//! - [`plan`]: a config's block sizes, waves, buffer size, traffic and FLOPs per rank.
+//! - [`plan`]: a config's block sizes, waves, traffic and FLOPs per rank.
+//!
+//! The buffers the work runs on — the symmetric buffer's regions, the pool plan, a pool row's
+//! source — are the buffer protocol's (`megamoe_kernel::protocol`).
 
 pub mod error;
 pub mod heuristics;
 pub mod interleave;
 pub mod plan;
-pub mod pool;
 pub mod routing;
 pub mod wave;
 
 pub use error::SchedError;
 pub use interleave::{peel_interleave, peel_interleave_slot};
 pub use plan::{Plan, PlanConfig};
-pub use pool::PoolLayout;
 pub use routing::RoutingStats;
 pub use wave::{Block, Layer, ScheduleShape, WaveSchedule, WorkerBlocks};
 

@@ -1,12 +1,13 @@
-//! The per-rank plan of a MegaMoE config: buffer size (via `symm-mem`), block sizes, waves, and
-//! the expected HBM bytes, NVLink bytes and FLOPs of one forward under uniform random routing
-//! (each token picks k distinct experts uniformly). The `megamoe plan` CLI prints it.
+//! The per-rank plan of a MegaMoE config: block sizes, waves, and the expected HBM bytes, NVLink
+//! bytes and FLOPs of one forward under uniform random routing (each token picks k distinct
+//! experts uniformly). The `megamoe plan` CLI prints it, next to the symmetric buffer's size from
+//! the buffer protocol.
 //!
 //! Model, per rank, with P = T·k the expected (token, slot) pairs it receives (= the pairs it
 //! sends) and E_hit = E_l·(1 − (1 − k/E)^(R·T)) the local experts that receive any:
 //! - weights: E_hit experts' FP4 W1 and W2 plus their UE8M0 scales, 3·H·I·(1/2 + 1/32) bytes each;
-//! - dispatch: peers read P rows of x + x_sf here; P pool rows (tokens, scales, top-k weight,
-//!   source record) are written;
+//! - dispatch: peers read P rows of x + x_sf here; P pool rows (tokens, scales, and the row's
+//!   metadata: source record and top-k weight) are written;
 //! - L1: P pool rows read once (n-blocks re-read them from L2 cache), P L2-pool rows written;
 //! - L2: P L2-pool rows read; P BF16 rows land in this rank's combine buffer (from peers);
 //! - combine: P BF16 rows read, T BF16 rows of y written.
@@ -16,14 +17,16 @@
 
 use std::fmt;
 
-use symm_mem::{BlockMs, ByteSize, SymmLayout, SymmParams};
-
 use crate::SchedError;
 use crate::heuristics::{
-    BLOCK_M_CANDIDATES, DEFAULT_BLOCK_N, DEFAULT_NUM_SMS, WaveInputs, choose_block_m,
-    choose_experts_per_wave, expected_m_blocks, expected_tokens_per_expert,
+    DEFAULT_BLOCK_N, DEFAULT_NUM_SMS, WaveInputs, choose_block_m, choose_experts_per_wave,
+    expected_m_blocks, expected_tokens_per_expert,
 };
 use crate::wave::ScheduleShape;
+
+/// Bytes of a pool row's metadata: its source rank, token and slot and its top-k weight (the
+/// buffer protocol's `RowMeta`).
+const ROW_META_BYTES: f64 = 16.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanConfig {
@@ -32,7 +35,7 @@ pub struct PlanConfig {
     pub num_experts: u32,
     pub num_topk: u32,
     pub num_ranks: u32,
-    /// T, also the buffer's T_max.
+    /// T.
     pub tokens_per_rank: u32,
     pub num_sms: u32,
     /// G, 32 or 128.
@@ -61,21 +64,6 @@ impl PlanConfig {
             num_sms: DEFAULT_NUM_SMS,
             act_scale_group: 32,
             block_n: DEFAULT_BLOCK_N,
-        }
-    }
-
-    /// The buffer shape: T_max = T, every BLOCK_M candidate.
-    pub fn symm_params(&self) -> SymmParams {
-        SymmParams {
-            num_ranks: self.num_ranks,
-            max_tokens_per_rank: self.tokens_per_rank,
-            hidden: self.hidden,
-            intermediate: self.intermediate,
-            num_experts: self.num_experts,
-            num_topk: self.num_topk,
-            act_scale_group: self.act_scale_group,
-            block_ms: BlockMs::new(&BLOCK_M_CANDIDATES).expect("candidates are valid"),
-            l1_block_n: self.l1_block_n(),
         }
     }
 
@@ -113,7 +101,6 @@ pub struct NvlinkBytes {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub config: PlanConfig,
-    pub layout: SymmLayout,
     /// T·R·k / E.
     pub expected_tokens_per_expert: f64,
     /// P = T·k pairs received per rank.
@@ -133,8 +120,23 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(config: PlanConfig) -> Result<Self, SchedError> {
-        let layout = SymmLayout::new(config.symm_params())?;
         let c = &config;
+        if c.num_ranks == 0 || c.num_experts == 0 || !c.num_experts.is_multiple_of(c.num_ranks) {
+            return Err(SchedError::Shape(format!(
+                "E = {} is not a positive multiple of R = {}",
+                c.num_experts, c.num_ranks
+            )));
+        }
+        if c.num_topk == 0 {
+            return Err(SchedError::Shape("num_topk = 0".into()));
+        }
+        if c.intermediate == 0 || !(2 * c.intermediate).is_multiple_of(c.l1_block_n()) {
+            return Err(SchedError::Shape(format!(
+                "2I = {} is not a positive multiple of L1 BLOCK_N = {}",
+                2 * c.intermediate,
+                c.l1_block_n()
+            )));
+        }
         if c.num_sms == 0 {
             return Err(SchedError::Shape("num_sms = 0".into()));
         }
@@ -185,7 +187,7 @@ impl Plan {
 
         let token_row = h + h / g; // E4M3 token + its UE8M0 scales
         let l2_row = i + i / g;
-        let pool_row = token_row + 4.0 + size_of::<symm_mem::TokenSrc>() as f64;
+        let pool_row = token_row + ROW_META_BYTES;
         let hbm = HbmBytes {
             weights: experts_hit * 3.0 * h * i * (0.5 + 1.0 / 32.0),
             dispatch: pairs * (token_row + pool_row),
@@ -204,7 +206,6 @@ impl Plan {
             l1_blocks_per_wave: blocks_per_wave(l1_n_blocks),
             l2_blocks_per_wave: blocks_per_wave(l2_n_blocks),
             config,
-            layout,
             expected_tokens_per_expert: expected,
             expected_pairs: pairs,
             expected_experts_hit: experts_hit,
@@ -245,16 +246,6 @@ impl fmt::Display for Plan {
             c.tokens_per_rank,
             c.act_scale_group,
             c.num_sms
-        )?;
-        row(
-            f,
-            "buffer per rank",
-            format!(
-                "{} (pool {} rows, workspace {})",
-                ByteSize(self.layout.total_bytes),
-                self.layout.pool_capacity,
-                ByteSize(self.layout.workspace_bytes)
-            ),
         )?;
         row(
             f,
@@ -354,12 +345,6 @@ mod tests {
         // Pulled: 7/8 of 49152 pairs · (7168 + 224 + 4) bytes; written back: 7/8 · 49152 · 14336.
         assert!((plan.nvlink.pull - 0.875 * 49152.0 * 7396.0).abs() < 1.0);
         assert!((plan.nvlink.write_back - 0.875 * 49152.0 * 14336.0).abs() < 1.0);
-        assert_eq!(
-            plan.layout.total_bytes,
-            SymmLayout::new(PlanConfig::new(7168, 3072, 384, 6, 8, 8192).symm_params())
-                .unwrap()
-                .total_bytes
-        );
     }
 
     #[test]
@@ -397,9 +382,11 @@ mod tests {
     fn refuses_bad_configs() {
         assert!(matches!(
             Plan::new(PlanConfig::new(7168, 3072, 100, 6, 8, 8192)),
-            Err(SchedError::Symm(
-                symm_mem::SymmError::ExpertsNotDivisible { .. }
-            ))
+            Err(SchedError::Shape(_))
+        ));
+        assert!(matches!(
+            Plan::new(PlanConfig::new(7168, 3072, 384, 0, 8, 8192)),
+            Err(SchedError::Shape(_))
         ));
         assert!(matches!(
             Plan::new(PlanConfig {

@@ -1,8 +1,8 @@
 //! Routing statistics: from every rank's `topk_idx` (i64 `[T, k]`, −1 masked), how many (token,
 //! slot) pairs each source rank sends to each global expert, and the views the kernel derives
 //! from that (send counts per rank, receive counts [source rank][local expert] per owner rank,
-//! tokens per local expert). Validation happens here, because the pool capacity and the
-//! `[E_l][R][T_max]` source table both rely on a token naming an expert at most once.
+//! tokens per local expert). Validation happens here: expert ids in range, and a token naming an
+//! expert at most once, as a top-k does, so an expert receives at most T pairs from a rank.
 
 use crate::SchedError;
 

@@ -1,6 +1,6 @@
 // symm_buffer.cuh — device twin of crates/symm-mem/src/device.rs.
-// The per-rank view of the MegaMoE symmetric buffer (passed by value as a kernel argument) and the
-// source record of a pool row. Every size and offset below is asserted on the Rust side as well.
+// The per-rank view of every rank's symmetric buffer (passed by value as a kernel argument). Every
+// size and offset below is asserted on the Rust side as well.
 // No includes: NVRTC compiles it from the in-memory include tree.
 #pragma once
 
@@ -21,7 +21,7 @@ struct SymmBuffer {
         return reinterpret_cast<T*>(reinterpret_cast<char*>(ptr) + rank_offsets[dst_rank]);
     }
 
-    // This rank's address of the region at byte offset `offset` of the layout.
+    // This rank's address of byte offset `offset` of its buffer.
     template <typename T>
     __device__ __forceinline__ T* at(unsigned long long offset) const {
         return reinterpret_cast<T*>(base + offset);
@@ -42,23 +42,6 @@ static_assert(__builtin_offsetof(SymmBuffer, base) == 0, "SymmBuffer::base");
 static_assert(__builtin_offsetof(SymmBuffer, rank) == 8, "SymmBuffer::rank");
 static_assert(__builtin_offsetof(SymmBuffer, num_ranks) == 12, "SymmBuffer::num_ranks");
 static_assert(__builtin_offsetof(SymmBuffer, rank_offsets) == 16, "SymmBuffer::rank_offsets");
-#endif
-
-// Where one pool row came from: token `token` of rank `rank`, top-k slot `topk`.
-struct alignas(8) TokenSrc {
-    unsigned int token;
-    unsigned short rank;
-    unsigned short topk;
-};
-
-static_assert(sizeof(TokenSrc) == 8, "TokenSrc size differs from symm-mem's");
-static_assert(alignof(TokenSrc) == 8, "TokenSrc alignment differs from symm-mem's");
-static_assert(sizeof(TokenSrc::token) == 4 && sizeof(TokenSrc::rank) == 2 && sizeof(TokenSrc::topk) == 2,
-              "TokenSrc members");
-#ifndef __CUDACC_RTC__
-static_assert(__builtin_offsetof(TokenSrc, token) == 0, "TokenSrc::token");
-static_assert(__builtin_offsetof(TokenSrc, rank) == 4, "TokenSrc::rank");
-static_assert(__builtin_offsetof(TokenSrc, topk) == 6, "TokenSrc::topk");
 #endif
 
 }  // namespace symm_mem

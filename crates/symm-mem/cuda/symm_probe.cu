@@ -16,6 +16,5 @@ extern "C" __global__ void store_to_every_rank(const symm_mem::SymmBuffer* view_
         fields[1] = view.rank;
         fields[2] = view.num_ranks;
         fields[3] = sizeof(symm_mem::SymmBuffer);
-        fields[4] = sizeof(symm_mem::TokenSrc);
     }
 }

@@ -1,14 +1,14 @@
-//! The structs the kernel reads, byte for byte as `cuda/symm_buffer.cuh` declares them: the
-//! per-rank view of the symmetric buffer ([`SymmBuffer`], passed by value as a kernel argument)
-//! and the source record of a pool row ([`TokenSrc`]). Sizes and field offsets are asserted here
-//! at compile time and repeated as `static_assert`s in the header, so neither side can drift.
+//! The per-rank view of a symmetric buffer ([`SymmBuffer`], passed by value as a kernel argument),
+//! byte for byte as `cuda/symm_buffer.cuh` declares it. Its size and field offsets are asserted
+//! here at compile time and repeated as `static_assert`s in the header, so neither side can drift.
+//! What lies where in the buffer is its user's business (MegaMoE's regions:
+//! `megamoe_kernel::protocol`).
 
 use std::mem::{align_of, offset_of, size_of};
 
 use bytemuck::{Pod, Zeroable};
 use static_assertions::const_assert_eq;
 
-use crate::layout::Region;
 use crate::{MAX_RANKS, SymmError};
 
 /// This rank's base address and, for every rank, how far its copy of the buffer lies from ours.
@@ -63,28 +63,7 @@ impl SymmBuffer {
         );
         ptr.wrapping_add_signed(self.rank_offsets[dst_rank as usize])
     }
-
-    /// This rank's address of a region.
-    pub fn region_ptr(&self, region: &Region) -> u64 {
-        self.base + region.offset
-    }
 }
-
-/// Where one pool row came from: token `token` of rank `rank`, its top-k slot `topk`.
-/// Eight bytes, 8-aligned, so one 64-bit load reads it.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct TokenSrc {
-    pub token: u32,
-    pub rank: u16,
-    pub topk: u16,
-}
-
-const_assert_eq!(size_of::<TokenSrc>(), 8);
-const_assert_eq!(align_of::<TokenSrc>(), 8);
-const_assert_eq!(offset_of!(TokenSrc, token), 0);
-const_assert_eq!(offset_of!(TokenSrc, rank), 4);
-const_assert_eq!(offset_of!(TokenSrc, topk), 6);
 
 #[cfg(test)]
 mod tests {
@@ -122,15 +101,5 @@ mod tests {
             SymmBuffer::new(0, &[0; 73]),
             Err(SymmError::BadRankCount(73))
         );
-    }
-
-    #[test]
-    fn token_src_bytes_are_little_endian_fields() {
-        let src = TokenSrc {
-            token: 0x0102_0304,
-            rank: 0x0506,
-            topk: 0x0708,
-        };
-        assert_eq!(bytemuck::bytes_of(&src), &[4, 3, 2, 1, 6, 5, 8, 7]);
     }
 }

@@ -1,23 +1,19 @@
-//! `symm-mem` owns the symmetric buffer of MegaMoE: one allocation of identical layout on every
-//! rank, reached from peers by adding the difference of the two ranks' base addresses.
+//! `symm-mem` owns symmetric memory: one allocation of the same size on every rank, reached from
+//! peers by adding the difference of the two ranks' base addresses. What lies where in it is the
+//! caller's (MegaMoE's regions: `megamoe_kernel::protocol`).
 //!
-//! - [`layout`]: the regions of the buffer (workspace counters, inputs, the L1/L2 pools, the
-//!   combine buffer), their offsets and alignments, and the pool capacity that every valid routing
-//!   fits in.
-//! - [`device`]: the `#[repr(C)]` structs the kernel sees ([`SymmBuffer`], [`TokenSrc`]), pinned
-//!   field by field against `cuda/symm_buffer.cuh`.
+//! - [`device`]: the `#[repr(C)]` view of every rank's buffer the kernels see ([`SymmBuffer`]),
+//!   pinned field by field against `cuda/symm_buffer.cuh`.
 //! - [`world`]: the ranks and how they allocate the buffer: [`World::local`] (one process, a thread
 //!   per GPU, peer access) and [`World::from_env`] (a process per GPU, VMM memory passed as fds over
 //!   a Unix socket); host-side barriers and all-gathers; [`spawn_ranks`] to launch a world locally.
 
 pub mod device;
 pub mod error;
-pub mod layout;
 pub mod world;
 
-pub use device::{SymmBuffer, TokenSrc};
+pub use device::SymmBuffer;
 pub use error::SymmError;
-pub use layout::{BlockMs, ByteSize, Region, SymmLayout, SymmParams, pool_capacity};
 pub use world::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 
 /// Most ranks a buffer can span (one NVL72 domain); the device view has one offset slot each.
