@@ -65,7 +65,7 @@ struct RowMeta {
   int slot;
   float weight;
 };
-static_assert(sizeof(RowMeta) == 16, "RowMeta is pinned to 16 bytes (megamoe-kernel/src/unfused.rs)");
+static_assert(sizeof(RowMeta) == 16, "RowMeta is pinned to 16 bytes (megamoe-kernel/src/protocol.rs)");
 
 // Where each rank's regions that peers write into lie, as this process maps them, indexed by rank
 // (the host's PeerLayout::peer_table; 0 past the world's ranks).
@@ -78,7 +78,7 @@ struct PeerTable {
   u64 counts[symm_mem::kMaxRanks];     // routes per expert [R][E] u32, row r from rank r (uf_count)
 };
 // Six arrays of one type: no padding, so the size pins every member's offset.
-static_assert(sizeof(PeerTable) == 6 * 8 * symm_mem::kMaxRanks, "PeerTable (megamoe-kernel/src/unfused.rs)");
+static_assert(sizeof(PeerTable) == 6 * 8 * symm_mem::kMaxRanks, "PeerTable (megamoe-kernel/src/protocol.rs)");
 
 struct DispatchParams {
   const u8* x;             // [T][H] E4M3
