@@ -12,7 +12,14 @@
 //! Weights are random MXFP4 codes (`ExpertWeights::random_codes`: realistic bytes without the cost
 //! of quantizing V4-Pro), inputs come from the generator, routing is uniform with no masking; each
 //! rank's are a function of its rank alone, so a rank process makes only its own.
+//!
+//! With [`BenchOptions::timeline`], each fused point runs once more with the kernel's timeline on
+//! and writes it as JSON (events and [`Overlap`](megamoe_kernel::timeline::Overlap)) and as an SVG
+//! picture ([`timeline_svg`]), and logs the overlap.
 
+pub mod timeline_svg;
+
+use std::path::PathBuf;
 use std::time::Duration;
 
 use megamoe_kernel::Routes;
@@ -47,6 +54,58 @@ pub struct BenchOptions {
     pub warm_up_ms: u64,
     /// Stage kernels launched programmatically after each other (the pipeline's default).
     pub chained_launches: bool,
+    /// Where each fused point's timeline goes (`<recipe>-<route>-T<t>-rank<r>.json` and `.svg`);
+    /// none: no timelines.
+    pub timeline: Option<PathBuf>,
+}
+
+/// Events each CTA's run of a bench timeline holds (T = 8192 on V4-Pro: ≈ 160 tiles a CTA).
+const TIMELINE_EVENTS_PER_CTA: usize = 2048;
+
+/// One forward of `point` on the fused path with the timeline on, written into `dir` (which the
+/// caller made; a file that cannot be written is logged as an error, the times stand).
+fn record_timeline(
+    rank: &mut CudaRank,
+    me: usize,
+    config: &Config,
+    routes: Routes,
+    point: &RankInputs,
+    dir: &std::path::Path,
+) -> Result<(), CudaError> {
+    rank.set_path(ForwardPath::Fused);
+    rank.record_timeline(Some(TIMELINE_EVENTS_PER_CTA))?;
+    rank.forward(point)?;
+    let timeline = rank.fused_timeline()?;
+    rank.record_timeline(None)?;
+    let Some(timeline) = timeline else {
+        return Ok(());
+    };
+    let overlap = timeline.overlap();
+    let recipe = config.recipe;
+    let name = format!(
+        "{recipe}-{}-T{}-rank{me}",
+        routes.to_string().replace('/', "-"),
+        point.tokens
+    );
+    let json = serde_json::json!({
+        "overlap": overlap, "dropped": timeline.dropped, "events": timeline.events
+    });
+    let title = format!(
+        "{recipe}/{routes} T = {} rank {me}: fused forward",
+        point.tokens
+    );
+    let written = std::fs::write(dir.join(format!("{name}.json")), json.to_string())
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            timeline_svg::write_svg(&timeline, &title, &dir.join(format!("{name}.svg")))
+        });
+    match written {
+        Ok(()) => tracing::info!(timeline = %dir.join(&name).display(), %overlap, "fused timeline"),
+        Err(e) => {
+            tracing::error!(timeline = %dir.join(&name).display(), error = %e, "fused timeline not written")
+        }
+    }
+    Ok(())
 }
 
 /// One measured point; times are medians over the reps, in microseconds.
@@ -241,7 +300,7 @@ fn time_points(
                     .collect()
             }
         };
-    inputs
+    let times = inputs
         .iter()
         .map(|point| {
             opts.paths
@@ -249,7 +308,15 @@ fn time_points(
                 .map(|&path| time_point(point, path))
                 .collect()
         })
-        .collect()
+        .collect();
+    if let Some(dir) = &opts.timeline
+        && opts.paths.contains(&ForwardPath::Fused)
+    {
+        for point in inputs {
+            record_timeline(&mut rank, world.rank(), config, routes, point, dir)?;
+        }
+    }
+    times
 }
 
 fn serialize_display<S: serde::Serializer>(

@@ -116,6 +116,11 @@ struct BenchArgs {
     /// Print the rows as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// After timing, one more fused forward per point with the kernel's timeline on, written into
+    /// this directory as `<recipe>-<route>-T<t>-rank<r>.json` (events, overlap) and `.svg` (the picture);
+    /// the overlap is logged.
+    #[arg(long)]
+    timeline: Option<std::path::PathBuf>,
     /// The ranks as threads of this process, or one process per rank (rank 0 reports its times).
     #[arg(long, value_enum, default_value_t = WorldKind::Local)]
     world: WorldKind,
@@ -626,7 +631,12 @@ fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         reps: args.reps.max(1),
         warm_up_ms: args.warm_up_ms,
         chained_launches: !args.unchained_launches,
+        timeline: args.timeline.clone(),
     };
+    if let Some(dir) = &args.timeline {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("the timeline directory {}", dir.display()))?;
+    }
     let bar = ProgressBar::new((args.tokens.len() * args.routes.len() * args.path.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} points {msg}").expect("template"),

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use cuda_rt::timing::GpuTimer;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
-use megamoe_kernel::gemm::{TOKEN_TILES, TRACE_WORDS, parse_route};
+use megamoe_kernel::gemm::{TOKEN_TILES, parse_route};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
+use megamoe_kernel::timeline::{Timeline, TimelineBuffers};
 use megamoe_kernel::{
     DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
 };
@@ -37,6 +38,8 @@ const REPS: usize = 25;
 /// Launches per timed sample: the host's per-launch work (argument checks, TMA encoding) then
 /// overlaps the previous launch instead of showing up as GPU idle time.
 const LAUNCHES_PER_SAMPLE: usize = 4;
+/// Room for every tile of a CTA in the `--trace` launch (T = 8192 draws ≈ 80 a CTA).
+const TRACE_EVENTS_PER_CTA: usize = 1024;
 
 /// Benchmark arguments; lists are comma-separated.
 #[derive(clap::Parser)]
@@ -220,31 +223,57 @@ fn variant_name(plan: &TilePlan) -> String {
     )
 }
 
-/// A launch's CTA timeline (`GemmCore::run_traced`'s words), in µs after the first CTA started:
-/// the spread of the starts, the CTAs' ends (the later of their two consumer warpgroups) at
-/// percentiles, and the k128 blocks per CTA.
-fn timeline(words: &[u64]) -> String {
-    let ctas: Vec<&[u64]> = words.chunks_exact(TRACE_WORDS).collect();
-    let first = ctas.iter().map(|c| c[0]).min().unwrap();
-    let us = |ns: u64| (ns - first) as f64 * 1e-3;
-    let mut starts: Vec<f64> = ctas.iter().map(|c| us(c[0])).collect();
-    let mut ends: Vec<f64> = ctas.iter().map(|c| us(c[1].max(c[2]))).collect();
-    let mut blocks: Vec<u64> = ctas.iter().map(|c| c[3] & 0xffff_ffff).collect();
+/// A launch's CTAs, from its timeline: per CTA its first tile's start, its last tile's end (µs after
+/// the first start) and its k128 blocks, with its SM.
+struct CtaSpan {
+    cta: u32,
+    sm: u32,
+    start_us: f64,
+    end_us: f64,
+    blocks: u64,
+}
+
+fn cta_spans(timeline: &Timeline) -> Vec<CtaSpan> {
+    let mut spans: Vec<CtaSpan> = Vec::new();
+    for e in &timeline.events {
+        let (Some(cta), Some(sm)) = (e.cta, e.sm) else {
+            continue;
+        };
+        let (start, end) = (e.start_ns as f64 * 1e-3, e.end_ns as f64 * 1e-3);
+        let blocks = e.tile.map_or(0, |t| u64::from(t.k_blocks));
+        match spans.iter_mut().find(|s| s.cta == cta) {
+            Some(s) => {
+                s.start_us = s.start_us.min(start);
+                s.end_us = s.end_us.max(end);
+                s.blocks += blocks;
+            }
+            None => spans.push(CtaSpan {
+                cta,
+                sm,
+                start_us: start,
+                end_us: end,
+                blocks,
+            }),
+        }
+    }
+    spans.sort_by_key(|s| s.cta);
+    spans
+}
+
+/// The spread of the CTAs' starts, their ends at percentiles, and the k128 blocks per CTA.
+fn summary(spans: &[CtaSpan]) -> String {
+    let mut starts: Vec<f64> = spans.iter().map(|c| c.start_us).collect();
+    let mut ends: Vec<f64> = spans.iter().map(|c| c.end_us).collect();
+    let mut blocks: Vec<u64> = spans.iter().map(|c| c.blocks).collect();
     starts.sort_by(f64::total_cmp);
     ends.sort_by(f64::total_cmp);
     blocks.sort();
     let at = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     // Whether the last CTAs to end are the ones with the most work: the blocks of the 5 % that
     // end last against all.
-    let late: Vec<&[u64]> = {
-        let cut = at(&ends, 0.95);
-        ctas.iter()
-            .filter(|c| us(c[1].max(c[2])) >= cut)
-            .copied()
-            .collect()
-    };
-    let late_blocks =
-        late.iter().map(|c| c[3] & 0xffff_ffff).sum::<u64>() as f64 / late.len() as f64;
+    let cut = at(&ends, 0.95);
+    let late: Vec<&CtaSpan> = spans.iter().filter(|c| c.end_us >= cut).collect();
+    let late_blocks = late.iter().map(|c| c.blocks).sum::<u64>() as f64 / late.len() as f64;
     format!(
         "starts within {:.1} us (p50 {:.1}); ends min {:.1} p10 {:.1} p50 {:.1} p90 {:.1} max {:.1} us; \
          blocks per CTA min {} p50 {} max {} (last 5 % to end: {:.1})",
@@ -425,33 +454,28 @@ fn main() {
                 if trace {
                     // Right after the timing: the GPU in the same (sustained) state.
                     for core in cores.iter_mut() {
-                        let mut words = gpu
-                            .alloc_zeros::<u64>(TRACE_WORDS * core.grid() as usize)
-                            .unwrap();
-                        core.run_traced(
+                        let mut timeline =
+                            TimelineBuffers::new(&gpu, core.grid() as usize, TRACE_EVENTS_PER_CTA)
+                                .unwrap();
+                        core.run_recorded(
                             &gpu,
                             &layer.weights,
                             &device_pool,
                             &mut out.borrow_mut(),
-                            &mut words,
+                            &mut timeline,
                         )
                         .unwrap();
-                        let words = gpu.download(&words).unwrap();
+                        let spans = cta_spans(&timeline.read(&gpu, &[]).unwrap());
                         let launch = format!(
                             "{recipe}/{mma}/T{t}/{}/{}",
                             layer.name,
                             variant_name(&core.plan)
                         );
-                        println!("trace {launch}: {}", timeline(&words));
-                        let first = words.chunks_exact(TRACE_WORDS).map(|c| c[0]).min().unwrap();
-                        for (cta, c) in words.chunks_exact(TRACE_WORDS).enumerate() {
-                            let us = |ns: u64| (ns - first) as f64 * 1e-3;
+                        println!("trace {launch}: {}", summary(&spans));
+                        for c in &spans {
                             println!(
-                                "cta {launch} {cta} {} {:.1} {:.1} {}",
-                                c[3] >> 32,
-                                us(c[0]),
-                                us(c[1].max(c[2])),
-                                c[3] & 0xffff_ffff
+                                "cta {launch} {} {} {:.1} {:.1} {}",
+                                c.cta, c.sm, c.start_us, c.end_us, c.blocks
                             );
                         }
                     }

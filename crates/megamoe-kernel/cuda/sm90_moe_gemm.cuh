@@ -58,6 +58,7 @@
 #include "cuda_rt.cuh"
 #include "fp_formats.cuh"
 #include "sm90_ptx.cuh"
+#include "timeline.cuh"
 
 namespace mm {
 namespace gemm {
@@ -93,9 +94,8 @@ struct GemmParams {
   // drawn by each CTA's producer when it needs one; [1] CTAs done drawing. Both 0 between launches:
   // the last CTA to finish drawing resets them.
   u32* tickets;
-  // Optional (null: off), for the benchmark's `--trace`: per CTA [start, end of consumer warpgroup
-  // 1, end of warpgroup 2, k128 blocks its consumers ran | SM << 32], times in ns of %globaltimer.
-  unsigned long long* trace;
+  // Optional (null: off): every tile's event (timeline.cuh), for the benchmarks' timelines.
+  const timeline::Timeline* timeline;
   // The error word (barriers.cuh's format), 0 while no wait gave up: a split tail's head that waits
   // longer than kSplitTailTimeoutNs records it here (the first one: compare-and-swap from 0) and goes
   // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
@@ -180,7 +180,8 @@ struct UnitDesc {
   u32 kb_range;   // kb_begin | kb_end << 16
   int slot;       // split item: a later part's slot (kb_begin > 0), or a head's first (kb_begin 0, kb_end < K / 128)
   int pair;       // kAlone, kFirstOfPair or kSecondOfPair
-  int pad_[2];    // 32 B: two 16-B loads
+  int expert;     // this rank's expert of the tile
+  u32 handed_ns;  // with a timeline: the low 32 bits of %globaltimer when the producer handed it out
 };
 
 // Walks the work of one CTA in order (the producer; it tells the other roles through UnitDesc).
@@ -778,7 +779,6 @@ struct Producer {
     u64* full = (u64*)(smem + L::kFullAt);
     u64* empty = (u64*)(smem + L::kEmptyAt);
     UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
-    if (p.trace) p.trace[4 * blockIdx.x] = barriers::ptx::globaltimer();
     prefetch_tensormap(act_map);
     TileWalker<kCluster, BN, kSplitTail, kPairs> walker(p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
@@ -790,7 +790,8 @@ struct Producer {
       // The unit's descriptor goes out before the arrive that completes its first stage.
       mbar_wait(&empty[stage], phase ^ 1);
       units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
-                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, {}};
+                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
+                             p.timeline ? (u32)timeline::now() : 0u};
       if (++slot == L::kUnitSlots) slot = 0;
       const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
@@ -922,8 +923,6 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
     c.template mainloop<BN>(blocks);
   }
   const UnitDesc d = *unit;  // read again: no registers held across the main loop
-  // (Counted here: a count in the producer's 48 registers made it spill.)
-  if (p.trace && c.thread == 0) p.trace[4 * blockIdx.x + 3] += (d.kb_range >> 16) - (d.kb_range & 0xffff);
   // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
   // whatever its stages held (its weights are not loaded) and writes nothing: a separate
   // path would cost the main loop its uniform descriptor arithmetic.
@@ -963,12 +962,10 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
     const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
     if (range == 0) break;
     consume_unit<kNarrowTiles, kSplitTail>(c, p, out_map, epi, unit, range);
+    // The unit as one event, from its hand-out to now (nothing held across the main loop for it).
+    if (p.timeline && c.thread == 0) timeline::tile_done(p.timeline, *unit, smid());
   }
   epi.finish(c);
-  if (p.trace && c.thread % 128 == 0) {
-    p.trace[4 * blockIdx.x + c.thread / 128 + 1] = barriers::ptx::globaltimer();
-    if (c.thread == 0) p.trace[4 * blockIdx.x + 3] |= (unsigned long long)smid() << 32;
-  }
 }
 
 // ---------------------------------------------------------------- the kernel

@@ -19,6 +19,7 @@ use crate::gemm::{
     persistent_grid,
 };
 use crate::protocol::POOL_ROW_ALIGN;
+use crate::timeline::{EventKind, Timeline, TimelineBuffers};
 use crate::transform::{Fold, TILE_ROWS};
 use crate::unfused::{
     CombineReduceParams, CombineSendParams, CountParams, DispatchParams, Pipeline, PlanParams,
@@ -321,6 +322,47 @@ impl Pipeline {
         self.fused.get(&tokens_per_tile).map(FusedCore::grid)
     }
 
+    /// Whether fused forwards record a timeline (`Some(events per CTA)`, allocated here, once) or
+    /// not (`None`, the default: the kernel's records are branches not taken);
+    /// [`Pipeline::fused_timeline`] reads the last one.
+    pub fn record_timeline(
+        &mut self,
+        gpu: &Gpu,
+        events_per_cta: Option<usize>,
+    ) -> Result<(), UnfusedError> {
+        self.timeline = match events_per_cta {
+            // Room for any grid: at most two CTAs per SM.
+            Some(n) => Some(TimelineBuffers::new(
+                gpu,
+                2 * gpu.info().sm_count as usize,
+                n,
+            )?),
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// The timeline of the last fused forward, once its stream is done, if one was recorded: its
+    /// GEMMs' tiles, and its stages as the grid's (from its stage clock, which a recording forward
+    /// keeps: between the grid's meetings, whose waits they include).
+    pub fn fused_timeline(&self, gpu: &Gpu) -> Result<Option<Timeline>, UnfusedError> {
+        let (Some(timeline), Some(tile)) = (&self.timeline, self.launched_fused) else {
+            return Ok(None);
+        };
+        let clock = gpu.download(&self.fused[&tile].stage_clock)?;
+        // The stamps: start, counts met, plan, dispatch met, L1, L2, combine met, end.
+        let mut stages = vec![
+            (EventKind::Count, clock[0], clock[1]),
+            (EventKind::Plan, clock[1], clock[2]),
+            (EventKind::Dispatch, clock[2], clock[3]),
+            (EventKind::CombineReduce, clock[6], clock[7]),
+        ];
+        if self.shape.num_ranks > 1 {
+            stages.push((EventKind::CombineSend, clock[5], clock[6]));
+        }
+        Ok(Some(timeline.read(gpu, &stages)?))
+    }
+
     /// Compiles the fused kernel of every token tile, so that no fused forward compiles. Returns
     /// how many the pipeline holds.
     pub fn warm_up_fused(&mut self, gpu: &Gpu, jit: &Jit) -> Result<usize, UnfusedError> {
@@ -358,6 +400,8 @@ impl Pipeline {
         };
         // SAFETY: the pipeline's own input buffers hold `tokens` tokens (set_inputs) and y
         // max_tokens >= tokens rows; all on this GPU.
+        // A timeline takes its stages from the stage clock.
+        let stage_clock = stage_clock || self.timeline.is_some();
         unsafe { self.queue_fused(gpu, stream, &io, tokens_per_tile, stage_clock) }
     }
 
@@ -434,33 +478,43 @@ impl Pipeline {
         let gemm_error = core.error.device_ptr_mut(stream).0;
         let spill = core.spill.device_ptr_mut(stream).0;
         let l2_out = self.l2_out.device_ptr_mut(stream).0;
-        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| GemmParams {
-            w_codes: w.codes.device_ptr(stream).0,
-            w_meta: w.meta.device_ptr(stream).0,
-            act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
-            out,
-            expert_offset,
-            expert_rows,
-            num_experts: el as i32,
-            n_out: w.n as i32,
-            k: w.k as i32,
-            sf_stride: s.sf_stride() as i32,
-            partials,
-            partial_ready,
-            split_parts: if plan.splits_tail() {
-                plan.split_parts as i32
-            } else {
-                1
-            },
-            pad_: 0,
-            tickets: if plan.schedules_dynamically() {
-                tickets
-            } else {
-                0
-            },
-            trace: 0,
-            error: gemm_error,
+        let [l1_timeline, l2_timeline] = match &mut self.timeline {
+            Some(t) => {
+                t.clear(gpu, stream)?;
+                [EventKind::L1Tile, EventKind::L2Tile].map(|kind| t.desc(stream, kind))
+            }
+            None => [0, 0],
         };
+        let layer =
+            |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64, timeline: u64| {
+                GemmParams {
+                    w_codes: w.codes.device_ptr(stream).0,
+                    w_meta: w.meta.device_ptr(stream).0,
+                    act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
+                    out,
+                    expert_offset,
+                    expert_rows,
+                    num_experts: el as i32,
+                    n_out: w.n as i32,
+                    k: w.k as i32,
+                    sf_stride: s.sf_stride() as i32,
+                    partials,
+                    partial_ready,
+                    split_parts: if plan.splits_tail() {
+                        plan.split_parts as i32
+                    } else {
+                        1
+                    },
+                    pad_: 0,
+                    tickets: if plan.schedules_dynamically() {
+                        tickets
+                    } else {
+                        0
+                    },
+                    timeline,
+                    error: gemm_error,
+                }
+            };
         let params = MegaParams {
             count: CountParams {
                 topk_idx,
@@ -544,8 +598,8 @@ impl Pipeline {
                 error_word: self.error_words.slice(0..1).device_ptr(stream).0,
                 timeout_ns: self.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64,
             },
-            l1: layer(p1, &self.w1, own.l1_sf, 0),
-            l2: layer(p2, &self.w2, l2_sf, l2_out),
+            l1: layer(p1, &self.w1, own.l1_sf, 0, l1_timeline),
+            l2: layer(p2, &self.w2, l2_sf, l2_out, l2_timeline),
             grid_word: core.grid_word.device_ptr_mut(stream).0,
             stage_clock: if stage_clock {
                 core.stage_clock.device_ptr_mut(stream).0

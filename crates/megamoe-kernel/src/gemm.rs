@@ -12,6 +12,7 @@ use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use fp_formats::Recipe;
 
 use crate::epilogue::{Epilogue, SwigluOut, spill_floats};
+use crate::timeline::{EventKind, TimelineBuffers};
 use crate::transform::{BLOCK_K, CODE_BYTES, Fold, GemmWeights, RowOrder, TILE_ROWS};
 
 /// How the tensor core multiplies FP8 activations by MXFP4 weights: the two main loops of the
@@ -492,7 +493,7 @@ impl TilePlan {
 
     /// The specializations known to spill (`cargo xtask kernels` shows their bytes, and fails on
     /// any other): the BF16 route's L1 with g128 groups (tiles in pairs) at 256 tokens, whose
-    /// SwiGLU epilogue leaves ptxas 92–100 B short of the consumers' 224 registers, in the
+    /// SwiGLU epilogue leaves ptxas 92–112 B short of the consumers' 224 registers, in the
     /// epilogue only (SASS: no local memory in the main loop; 2026-12-02, perf.md v77); the mx32
     /// sibling fits.
     pub fn known_spill(&self) -> bool {
@@ -664,9 +665,6 @@ fn l1_plans() -> impl Iterator<Item = TilePlan> {
 /// Parts of K a split-tail item is drawn in, at most (`kMaxSplitParts`).
 pub const MAX_SPLIT_PARTS: usize = 4;
 
-/// Words per CTA of [`GemmCore::run_traced`]'s timeline.
-pub const TRACE_WORDS: usize = 4;
-
 /// `GemmParams` of the kernel, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -686,7 +684,7 @@ pub(crate) struct GemmParams {
     pub(crate) split_parts: i32,
     pub(crate) pad_: i32,
     pub(crate) tickets: u64,
-    pub(crate) trace: u64,
+    pub(crate) timeline: u64,
     pub(crate) error: u64,
 }
 
@@ -937,25 +935,25 @@ impl GemmCore {
         self.launch(gpu, weights, pool, Output::Swiglu(out), None)
     }
 
-    /// [`Self::run`], and a timeline of every CTA into `trace` (`[grid][4]`: start, end of each
-    /// consumer warpgroup, in ns of the GPU's global timer, and the k128 blocks its consumers ran
-    /// in the low 32 bits with its SM above): where a
-    /// launch loses time, at its start or in the spread of its CTAs' ends (the benchmark's `--trace`).
-    pub fn run_traced(
+    /// [`Self::run`], every tile an event of `timeline` (emptied first; read it once the stream
+    /// is done): where a launch loses time, at its start, between tiles or in the spread of its
+    /// CTAs' ends (the benchmark's `--trace`).
+    pub fn run_recorded(
         &mut self,
         gpu: &Gpu,
         weights: &DeviceWeights,
         pool: &Pool,
         out: &mut CudaSlice<u16>,
-        trace: &mut CudaSlice<u64>,
+        timeline: &mut TimelineBuffers,
     ) -> Result<(), GemmError> {
-        if trace.len() < TRACE_WORDS * self.grid as usize {
+        if timeline.grid() < self.grid as usize {
             return Err(GemmError::Pool {
-                what: "trace",
-                detail: format!("{} words for a grid of {}", trace.len(), self.grid),
+                what: "timeline",
+                detail: format!("room for {} CTAs, a grid of {}", timeline.grid(), self.grid),
             });
         }
-        self.launch(gpu, weights, pool, Output::Bf16(out), Some(trace))
+        timeline.clear(gpu, gpu.stream())?;
+        self.launch(gpu, weights, pool, Output::Bf16(out), Some(timeline))
     }
 
     /// CTAs of every launch.
@@ -969,7 +967,7 @@ impl GemmCore {
         weights: &DeviceWeights,
         pool: &Pool,
         out: Output,
-        trace: Option<&mut CudaSlice<u64>>,
+        timeline: Option<&TimelineBuffers>,
     ) -> Result<(), GemmError> {
         self.check(weights, pool, &out)?;
         let stream = gpu.stream();
@@ -1000,13 +998,7 @@ impl GemmCore {
             (0, None)
         };
         let (error, _g11) = self.error.device_ptr_mut(stream);
-        let (trace, _g10) = match trace {
-            Some(t) => {
-                let (ptr, guard) = t.device_ptr_mut(stream);
-                (ptr, Some(guard))
-            }
-            None => (0, None),
-        };
+        let timeline = timeline.map_or(0, |t| t.desc(stream, EventKind::Tile));
         let params = GemmParams {
             w_codes: codes,
             w_meta: meta,
@@ -1027,7 +1019,7 @@ impl GemmCore {
             },
             pad_: 0,
             tickets,
-            trace,
+            timeline,
             error,
         };
         let mut config = LaunchConfig::linear(self.grid, THREADS)

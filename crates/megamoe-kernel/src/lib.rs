@@ -7,7 +7,8 @@
 //! (`cuda/sm90_moe_gemm.cuh`, [`gemm`], [`transform`]), one core per tensor-core route ([`gemm::Mma`])
 //! and epilogue ([`epilogue`]: BF16 out, or the L1's SwiGLU into the L2 pool) and the engine of the
 //! unfused and fused pipelines, the unfused pipeline's glue kernels ([`unfused`]) and the fused
-//! forward, one persistent launch of the same device functions ([`fused`]).
+//! forward, one persistent launch of the same device functions ([`fused`]); on request, every GEMM
+//! tile's time as an event ([`timeline`]).
 
 pub mod epilogue;
 pub mod fused;
@@ -15,6 +16,7 @@ pub mod gemm;
 pub mod pool_order;
 pub mod problem;
 pub mod protocol;
+pub mod timeline;
 pub mod transform;
 pub mod unfused;
 
@@ -37,7 +39,7 @@ pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
 }
 
 /// Device sources of this crate, for the JIT's in-memory include tree.
-pub const CUDA_HEADERS: [(&str, &str); 5] = [
+pub const CUDA_HEADERS: [(&str, &str); 6] = [
     ("sm90_ptx.cuh", include_str!("../cuda/sm90_ptx.cuh")),
     pool_order::CUDA_HEADER,
     (
@@ -46,6 +48,7 @@ pub const CUDA_HEADERS: [(&str, &str); 5] = [
     ),
     unfused::UNFUSED_HEADER,
     ("sm90_swiglu.cuh", include_str!("../cuda/sm90_swiglu.cuh")),
+    ("timeline.cuh", include_str!("../cuda/timeline.cuh")),
 ];
 /// The grouped GEMM's entry point, specialized with `-DMM_BN` and `-DMM_FP8`.
 pub const GEMM_SOURCE: (&str, &str) =

@@ -430,6 +430,8 @@ pub struct Pipeline {
     pub(crate) fused: HashMap<usize, crate::fused::FusedCore>,
     /// The fused kernel this forward launched (a key of `fused`), if it ran fused.
     pub(crate) launched_fused: Option<usize>,
+    /// Where fused forwards record their timeline, when asked ([`Pipeline::record_timeline`]).
+    pub(crate) timeline: Option<crate::timeline::TimelineBuffers>,
     pub(crate) w1: DeviceWeights,
     pub(crate) w2: DeviceWeights,
     /// Where the L1 pool, its scales, the RowMeta `[pool_rows]` and the combine buffer lie in
@@ -545,6 +547,7 @@ impl Pipeline {
             cores: HashMap::new(),
             fused: HashMap::new(),
             launched_fused: None,
+            timeline: None,
             w1: DeviceWeights::upload(gpu, w1)?,
             w2: DeviceWeights::upload(gpu, w2)?,
             layout,

@@ -412,6 +412,19 @@ impl<'w> CudaRank<'w> {
         &self.pipe
     }
 
+    /// Whether fused forwards record a timeline (`Some(events per CTA)`; buffers allocated here,
+    /// once) or not (`None`, the default; off, the kernel's records are branches not taken).
+    pub fn record_timeline(&mut self, events_per_cta: Option<usize>) -> Result<(), CudaError> {
+        Ok(self
+            .pipe
+            .record_timeline(self.world.local_gpu(), events_per_cta)?)
+    }
+
+    /// The last fused forward's timeline, if it recorded one (after the forward returned).
+    pub fn fused_timeline(&self) -> Result<Option<megamoe_kernel::timeline::Timeline>, CudaError> {
+        Ok(self.pipe.fused_timeline(self.world.local_gpu())?)
+    }
+
     /// The symmetric buffer the pipeline's peer-written regions live in.
     pub fn symmetric_buffer(&self) -> &SymmAllocation {
         &self.symm

@@ -177,6 +177,94 @@ fn fused_tiny_one_forward() {
     }
 }
 
+/// The fused forward's timeline on one rank: every tile of both layers recorded once (their k128
+/// blocks add up to the layers'), none dropped, the stages in order, and y the same bits as
+/// without it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_timeline_records_every_tile() {
+    use megamoe_kernel::timeline::EventKind;
+    let config = Config::deepseek_v4_flash().with_ranks(1);
+    let config = Config {
+        num_experts: 16,
+        ..config
+    };
+    let p = generated_problem(config.with_recipe(Recipe::G128), 384, 94, 0.1);
+    let routes = Routes::both(Mma::Fp8);
+    run_local(Placement::one_gpu(1), |world| -> Result<(), CudaError> {
+        let inputs = &p.inputs[0];
+        let mut rank = CudaRank::new(world, &p.config, inputs.tokens, routes, &p.weights[0])?;
+        rank.warm_up_fused()?;
+        rank.set_path(ForwardPath::Fused);
+        rank.poison()?;
+        let (plain, _) = rank.forward(inputs)?;
+        rank.record_timeline(Some(4096))?;
+        rank.poison()?;
+        let (recorded, _) = rank.forward(inputs)?;
+        let timeline = rank
+            .fused_timeline()?
+            .expect("a recorded forward's timeline");
+        assert_eq!(
+            differing(&plain, &recorded),
+            0,
+            "y with the timeline differs"
+        );
+        assert_eq!(timeline.dropped, 0);
+        // Rows per expert: the valid routes to it.
+        let mut rows = vec![0usize; p.config.num_experts];
+        for &e in inputs.topk_idx.iter().filter(|&&e| e >= 0) {
+            rows[e as usize] += 1;
+        }
+        let tile = rank.pipeline().fused_tile(inputs.tokens, None);
+        let blocks = rows.iter().map(|r| r.div_ceil(tile)).sum::<usize>();
+        let (h, i) = (p.config.hidden / 128, p.config.intermediate / 128);
+        let k_blocks = |kind| -> usize {
+            timeline
+                .events
+                .iter()
+                .filter(|e| e.kind == kind)
+                .map(|e| e.tile.expect("a tile").k_blocks as usize)
+                .sum()
+        };
+        assert_eq!(
+            k_blocks(EventKind::L1Tile),
+            blocks * 2 * i * h,
+            "L1: every tile's K"
+        );
+        assert_eq!(
+            k_blocks(EventKind::L2Tile),
+            blocks * h * i,
+            "L2: every tile's K"
+        );
+        let stage = |kind| {
+            let e = timeline
+                .events
+                .iter()
+                .find(|e| e.kind == kind)
+                .expect("the stage");
+            (e.start_ns, e.end_ns)
+        };
+        let dispatch = stage(EventKind::Dispatch);
+        let reduce = stage(EventKind::CombineReduce);
+        // (The stage clock is CTA 0's: another CTA may leave a meeting a little before it.)
+        for e in timeline.events.iter().filter(|e| e.kind.is_tile()) {
+            assert!(
+                e.start_ns >= dispatch.0 && e.end_ns <= reduce.1,
+                "a tile outside the forward's GEMM stages: {e:?}"
+            );
+        }
+        let overlap = timeline.overlap();
+        eprintln!(
+            "tiles {} ({} token blocks of {tile}): {overlap}",
+            timeline.events.len(),
+            blocks
+        );
+        rank.record_timeline(None)?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn fused_equals_unfused_v4_shapes() {
