@@ -67,7 +67,7 @@ struct MegaParams {
   const int* tokens_dev;
   int num_ranks, tokens;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 80 + 56 + 40 + 64 + 32 + 2 * 112 + 32, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 88 + 56 + 40 + 64 + 32 + 2 * 112 + 32, "MegaParams layout");
 
 // The plan error word's kind for a device T outside 0..max (error[1]: that T).
 constexpr u64 kPlanErrorTokens = 4;

@@ -93,6 +93,7 @@ struct DispatchParams {
   // k128 block into the table); BF16 pool, the E4M3 row and its H/G scales (half the bytes of the
   // widened row).
   int staged;
+  u64* error;  // [2] the plan's error words: a NaN scale (kPlanErrorScale)
 };
 
 struct RouteParams {
@@ -136,10 +137,13 @@ constexpr int kPlanThreads = 1024;
 // error[0]: kind in bits 63..60 (first error wins), then kind 1 (an expert id outside -1..E):
 // slot in bits 47..32, token in 31..0, error[1] the id; kind 2 (an owner's pools overflow): the
 // owner in 31..0, error[1] the rows its plan needs; kind 3 (another rank refused its routes, kind 1
-// there): that rank in 31..0. Decoded by megamoe-kernel/src/unfused.rs.
+// there): that rank in 31..0; kind 5 (a NaN activation scale, UE8M0 255, which only the device
+// sees in an engine's inputs): the token in 31..0, error[1] the scale's group. Decoded by
+// megamoe-kernel/src/unfused.rs. (Kind 4 is the fused kernel's, sm90_mega_moe.cuh.)
 constexpr u64 kPlanErrorExpert = 1;
 constexpr u64 kPlanErrorCapacity = 2;
 constexpr u64 kPlanErrorPeerRoutes = 3;
+constexpr u64 kPlanErrorScale = 5;
 // A rank whose routes hold an invalid expert id publishes this count for its expert 0, so that
 // every rank's plan refuses the forward alike (no rank sends rows into a pool whose owner stopped).
 constexpr u32 kCountRefused = 0xffffffffu;
@@ -417,6 +421,10 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
       *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
     for (int g = thread; g < h / G; g += threads) dst[h + g] = src_sf[g];
   }
+  // A NaN scale (UE8M0 255) refuses the forward through the error word (each routed pair checks its
+  // token's scales: a token no pair routes is never read); its rows still move, y is not to be read.
+  for (int g = thread; g < h / G; g += threads)
+    if (src_sf[g] == 0xffu) record_plan_error(p.error, (kPlanErrorScale << 60) | (u32)(pair / p.top_k), (u64)g);
   if (thread == 0) {
     RowMeta m;
     m.rank = p.rank;
@@ -526,7 +534,7 @@ __device__ __forceinline__ void rank_barrier(const RankBarrierParams& p) {
 }
 
 // Pinned against the #[repr(C)] twins in megamoe-kernel/src/unfused.rs.
-static_assert(sizeof(DispatchParams) == 80, "DispatchParams layout");
+static_assert(sizeof(DispatchParams) == 88, "DispatchParams layout");
 static_assert(sizeof(CountParams) == 48, "CountParams layout");
 static_assert(sizeof(PlanParams) == 64, "PlanParams layout");
 static_assert(sizeof(RouteParams) == 64, "RouteParams layout");

@@ -56,7 +56,7 @@ struct MegaParams {
     tokens: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 704);
+const _: () = assert!(size_of::<MegaParams>() == 712);
 
 /// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
 /// same for any binding): device addresses on the pipeline's GPU of `x` (E4M3 `[T][H]`), `x_sf`
@@ -137,10 +137,12 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
         .define("MM_G", recipe.group())
         .define("MM_SMEM_BYTES", l1.smem_bytes().max(l2.smem_bytes()))
         .arches(&[Arch::Sm90a]);
-    // Known spills: the L1's (TilePlan::known_spill), and 4 B of the FP8 g128 two-CTA kernel's
-    // producer (the grid's size, reloaded per unit from local memory, 2026-12-02, perf.md v77).
-    let known_spill =
-        l1.known_spill() || (recipe == Recipe::G128 && l1.mma == Mma::Fp8 && l1.ctas_per_sm == 2);
+    // Known spills: the L1's (TilePlan::known_spill); 4 B of the FP8 g128 two-CTA kernel's producer
+    // (the grid's size, reloaded per unit from local memory) and 4 B of the mx32 256-token
+    // kernel's L2 epilogue (a value stored and reloaded once per tile), 2026-12-02, perf.md v77/v80.
+    let known_spill = l1.known_spill()
+        || (recipe == Recipe::G128 && l1.mma == Mma::Fp8 && l1.ctas_per_sm == 2)
+        || (recipe == Recipe::Mx32 && l1.tokens_per_tile == 256);
     Ok(if known_spill { spec } else { spec.no_spill() }
         .header(MEGA_HEADER)
         .headers(crate::CUDA_HEADERS)
@@ -559,6 +561,7 @@ impl Pipeline {
                 topk_idx,
                 topk_w: io.topk_weights,
                 peers,
+                error: plan_error,
                 tokens: tokens as i32,
                 top_k: s.top_k as i32,
                 hidden: s.hidden as i32,

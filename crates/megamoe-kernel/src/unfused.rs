@@ -85,6 +85,9 @@ pub enum UnfusedError {
         "rank {rank} refused its routes (an expert id out of range): the forward is refused on every rank"
     )]
     PeerRoutes { rank: usize },
+    /// An activation scale the device read is NaN (UE8M0 255); the forward's y is not to be read.
+    #[error("x_sf of token {token}, group {group}: UE8M0 byte 255 is NaN")]
+    NanScale { token: usize, group: usize },
     /// A fused forward's T read from the device was outside 0..max (`DeviceIo::tokens_dev`).
     #[error("the device's T is {tokens}, the forward was queued for at most {max}")]
     DeviceTokens { tokens: i64, max: usize },
@@ -118,6 +121,10 @@ pub(crate) fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), Unfu
             tokens: value as i64,
             max: shape.max_tokens,
         }),
+        PLAN_ERROR_SCALE => Err(UnfusedError::NanScale {
+            token: (first & 0xffff_ffff) as usize,
+            group: value as usize,
+        }),
         kind => Err(UnfusedError::Shape {
             what: "device plan error word",
             detail: format!("unknown kind {kind} in {first:#x}"),
@@ -129,6 +136,8 @@ pub(crate) fn plan_error(words: &[u64], shape: PipelineShape) -> Result<(), Unfu
 const PLAN_ERROR_EXPERT: u64 = 1;
 const PLAN_ERROR_CAPACITY: u64 = 2;
 const PLAN_ERROR_PEER_ROUTES: u64 = 3;
+/// `mm::unfused::kPlanErrorScale`.
+const PLAN_ERROR_SCALE: u64 = 5;
 /// `mm::mega::kPlanErrorTokens`.
 const PLAN_ERROR_TOKENS: u64 = 4;
 
@@ -150,6 +159,7 @@ pub(crate) struct DispatchParams {
     pub(crate) sf_stride: i32,
     pub(crate) rank: i32,
     pub(crate) staged: i32,
+    pub(crate) error: u64,
 }
 
 /// `mm::unfused::RouteParams`.
@@ -264,7 +274,7 @@ pub(crate) struct RankBarrierParams {
 
 const _: () = {
     assert!(size_of::<RankBarrierParams>() == 32);
-    assert!(size_of::<DispatchParams>() == 80);
+    assert!(size_of::<DispatchParams>() == 88);
     assert!(size_of::<CountParams>() == 48);
     assert!(size_of::<PlanParams>() == 64);
     assert!(size_of::<RouteParams>() == 64);
@@ -702,6 +712,8 @@ impl Pipeline {
         table[..el].copy_from_slice(&own.expert_offset);
         table[el..].copy_from_slice(&own.expert_rows);
         gpu.upload_into(&self.plan_host, &mut self.plan_dev)?;
+        // The dispatch's error words (a NaN scale) start this forward from zero.
+        gpu.memset(&mut self.error_words.slice_mut(1..3), 0)?;
         self.chain.interrupt();
         self.staged_rows = stages_rows(&plans);
         self.plan = Some(own);
@@ -928,6 +940,7 @@ impl Pipeline {
         let (x, _g1) = inputs.x.device_ptr(stream);
         let (x_sf, _g2) = inputs.x_sf.device_ptr(stream);
         let (topk_w, _g5) = inputs.topk_w.device_ptr(stream);
+        let error = self.error_words.slice(1..3).device_ptr(stream).0;
         let params = DispatchParams {
             x,
             x_sf,
@@ -935,6 +948,7 @@ impl Pipeline {
             topk_idx,
             topk_w,
             peers,
+            error,
             tokens: tokens as i32,
             top_k: s.top_k as i32,
             hidden: s.hidden as i32,

@@ -138,6 +138,26 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
         rank.check_device_forward()?;
         let want = host_y(&mut rank, &cases[1], tile)?;
         assert_eq!(same_bits(&dev.y()?, &want), 0, "{what}: after the refusal");
+
+        // A NaN scale only the device sees (x_sf in the engine's buffer) is refused through the
+        // error word, and the next forward works.
+        let mut nan = cases[2].clone();
+        let groups = config.hidden / config.recipe.group();
+        nan.x_sf[3 * groups + 1] = 0xff;
+        dev.upload(&nan)?;
+        driver("graph launch", graph.launch())?;
+        driver("synchronize", stream.synchronize())?;
+        match rank.check_device_forward() {
+            Err(CudaError::Unfused(UnfusedError::NanScale { token, group })) => {
+                assert_eq!((token, group), (3, 1), "{what}");
+            }
+            other => panic!("{what}: a NaN scale gave {other:?}"),
+        }
+        dev.upload(&cases[1])?;
+        driver("graph launch", graph.launch())?;
+        driver("synchronize", stream.synchronize())?;
+        rank.check_device_forward()?;
+        assert_eq!(same_bits(&dev.y()?, &want), 0, "{what}: after the NaN scale");
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{what}: {e:?}"));
