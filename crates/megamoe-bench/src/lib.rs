@@ -20,6 +20,7 @@
 pub mod timeline_svg;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use megamoe_kernel::Routes;
@@ -172,7 +173,7 @@ pub fn run(
 /// [`run`] as this rank of a process world (every rank calls it with the same `opts`): this rank
 /// makes its own weights and inputs and reports its own times.
 pub fn run_rank(
-    world: &World,
+    world: &Arc<World>,
     opts: &BenchOptions,
     progress: impl FnMut(&BenchRow),
 ) -> Result<Vec<BenchRow>, CudaError> {
@@ -261,7 +262,7 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
 /// `opts.warm_up_ms`, back to back after that long of them; every rank runs as many as the slowest
 /// needs); `[point][path][rep]`.
 fn time_points(
-    world: &World,
+    world: &Arc<World>,
     config: &Config,
     routes: Routes,
     opts: &BenchOptions,
@@ -269,7 +270,7 @@ fn time_points(
     inputs: &[RankInputs],
 ) -> Result<Vec<Vec<Vec<StageTimes>>>, CudaError> {
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
-    let mut rank = CudaRank::new(world, config, max_tokens, routes, weights)?;
+    let mut rank = CudaRank::new(world.clone(), config, max_tokens, routes, weights)?;
     rank.set_chained_launches(opts.chained_launches);
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
     // each mark costs a forward ≈ 1–1.5 µs of GPU time).

@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let ys = run_local(placement, |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, &config, MAX_TOKENS, routes, &weights[r])?;
+        let mut rank = CudaRank::new(world.clone(), &config, MAX_TOKENS, routes, &weights[r])?;
         let kernels = rank.warm_up_fused()?;
         let stream = driver(
             "new_stream",

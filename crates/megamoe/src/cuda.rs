@@ -28,6 +28,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cuda_rt::cudarc::driver::{CudaStream, sys};
@@ -289,8 +290,9 @@ pub fn pipeline_shape(
 /// (weights loaded). Every forward ends at a barrier after which no peer touches this rank's
 /// symmetric buffer, so a rank may be dropped once its forwards have returned; dropping waits for
 /// its GPU's queued work, then releases the pipeline before the buffer.
-pub struct CudaRank<'w> {
-    world: &'w World,
+pub struct CudaRank {
+    /// Held, not borrowed: an engine keeps the handle (and the world with it) in its own state.
+    world: Arc<World>,
     jit: Jit,
     /// Declared before `symm`: dropped first, since it addresses it.
     pipe: Pipeline,
@@ -310,13 +312,13 @@ pub struct CudaRank<'w> {
     fused_tile: Option<usize>,
 }
 
-impl<'w> CudaRank<'w> {
+impl CudaRank {
     /// Collective: transforms and uploads this rank's `weights` for the GEMMs' `routes` (an
     /// [`megamoe_kernel::Mma`] for both, or [`Routes`]), and allocates
     /// the symmetric buffer and the pools for `max_tokens` tokens per rank (every rank passes the
     /// same). Kernels compile through a [`Jit`] with the default cache.
     pub fn new(
-        world: &'w World,
+        world: Arc<World>,
         config: &Config,
         max_tokens: usize,
         routes: impl Into<Routes>,
@@ -334,7 +336,7 @@ impl<'w> CudaRank<'w> {
     /// [`CudaRank::new`] with an explicit shape (e.g. smaller pools than the worst case) and the
     /// caller's [`Jit`] (its toolkit and cache, or none: `Jit::without_cache`).
     pub fn with_shape(
-        world: &'w World,
+        world: Arc<World>,
         config: &Config,
         shape: PipelineShape,
         weights: &RankWeights,
@@ -365,13 +367,14 @@ impl<'w> CudaRank<'w> {
         let pipe =
             unsafe { Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2, symm.bases()) }?;
         gpu.synchronize()?;
+        let marks = EventTrail::new(gpu, FORWARD_MARKS)?;
         Ok(Self {
             world,
             jit,
             pipe,
             symm,
             config: *config,
-            marks: EventTrail::new(gpu, FORWARD_MARKS)?,
+            marks,
             stage_marks: true,
             uploaded: None,
             path: ForwardPath::Unfused,
@@ -564,7 +567,7 @@ impl<'w> CudaRank<'w> {
     /// (whether every rank's inputs stand, after any compile), so that no launch waits on the
     /// device for a rank that refused its inputs or is still compiling.
     fn run_fused(&mut self, counts: Result<Vec<u32>, CudaError>) -> Result<StageTimes, CudaError> {
-        let world = self.world;
+        let world = Arc::clone(&self.world);
         let gpu = world.local_gpu();
         let me = world.rank();
         let mut times = StageTimes::default();
@@ -619,7 +622,7 @@ impl<'w> CudaRank<'w> {
         if self.path == ForwardPath::Fused {
             return self.run_fused(counts);
         }
-        let world = self.world;
+        let world = Arc::clone(&self.world);
         let gpu = world.local_gpu();
         let me = world.rank();
         let mut times = StageTimes::default();
@@ -708,7 +711,14 @@ impl<'w> CudaRank<'w> {
     }
 }
 
-impl Drop for CudaRank<'_> {
+// The handle owns what it uses (the world by `Arc`): an engine stores it in its own state and moves
+// it to the thread that drives its GPU.
+const _: fn() = || {
+    fn owned<T: Send + 'static>() {}
+    owned::<CudaRank>();
+};
+
+impl Drop for CudaRank {
     fn drop(&mut self) {
         // Unmapping a VMM buffer is not ordered on the stream: nothing of ours may still run.
         if let Err(e) = self.world.local_gpu().synchronize() {
@@ -735,21 +745,21 @@ pub fn agree_max(world: &World, value: u64) -> Result<u64, CudaError> {
 /// Collective: this rank's pipeline for `weights`, built for the largest T of any rank, and one
 /// forward of `inputs`.
 pub fn forward_rank(
-    world: &World,
+    world: &Arc<World>,
     config: &Config,
     routes: impl Into<Routes>,
     weights: &RankWeights,
     inputs: &RankInputs,
 ) -> Result<(Vec<bf16>, StageTimes), CudaError> {
     let max_tokens = agree_max_tokens(world, inputs.tokens)?;
-    CudaRank::new(world, config, max_tokens, routes, weights)?.forward(inputs)
+    CudaRank::new(Arc::clone(world), config, max_tokens, routes, weights)?.forward(inputs)
 }
 
 /// `f` on one rank's world, then (when it succeeded) a barrier, so that no rank releases its
 /// buffers while a peer may still use them; errors name the rank.
 fn on_rank<T>(
-    world: &World,
-    f: impl FnOnce(&World) -> Result<T, CudaError>,
+    world: &Arc<World>,
+    f: impl FnOnce(&Arc<World>) -> Result<T, CudaError>,
 ) -> Result<T, CudaError> {
     let rank = world.rank();
     let out = f(world).and_then(|out| {
@@ -766,7 +776,7 @@ fn on_rank<T>(
 /// by rank. Refused with [`CudaError::Placement`] when fewer GPUs are present.
 pub fn run_local<T: Send>(
     placement: Placement,
-    f: impl Fn(&World) -> Result<T, CudaError> + Sync,
+    f: impl Fn(&Arc<World>) -> Result<T, CudaError> + Sync,
 ) -> Result<Vec<T>, CudaError> {
     placement.check()?;
     let worlds = World::local(&placement.ordinals())?;
@@ -775,7 +785,7 @@ pub fn run_local<T: Send>(
             .into_iter()
             .map(|world| {
                 let f = &f;
-                s.spawn(move || on_rank(&world, f))
+                s.spawn(move || on_rank(&Arc::new(world), f))
             })
             .collect();
         handles
@@ -788,7 +798,7 @@ pub fn run_local<T: Send>(
 
 /// Runs `f` as this process's rank of a process world ([`World::from_env`]: torchrun's variables,
 /// as [`spawn_rank_processes`] sets them); the multi-process counterpart of [`run_local`].
-pub fn run_process<T>(f: impl FnOnce(&World) -> Result<T, CudaError>) -> Result<T, CudaError> {
+pub fn run_process<T>(f: impl FnOnce(&Arc<World>) -> Result<T, CudaError>) -> Result<T, CudaError> {
     let env = ProcessEnv::from_env()?;
     let world = World::from_process_env(&env).map_err(|e| match e {
         // This rank's GPU; the world's own errors name the rank already.
@@ -798,7 +808,7 @@ pub fn run_process<T>(f: impl FnOnce(&World) -> Result<T, CudaError>) -> Result<
         },
         e => e.into(),
     })?;
-    on_rank(&world, f)
+    on_rank(&Arc::new(world), f)
 }
 
 /// Runs `program` with `args` once per rank of a process world placed as `placement` says
@@ -856,7 +866,13 @@ pub fn forward_timed(
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     run_local(placement, |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, config, max_tokens, routes, &problem.weights[r])?;
+        let mut rank = CudaRank::new(
+            world.clone(),
+            config,
+            max_tokens,
+            routes,
+            &problem.weights[r],
+        )?;
         rank.forward(&problem.inputs[r])
     })
 }

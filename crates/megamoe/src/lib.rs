@@ -18,7 +18,7 @@
 //! let ys = run_local(Placement::one_gpu_per_rank(config.num_ranks), |world| {
 //!     let r = world.rank();
 //!     // Weights are transformed and uploaded once; pools sized for 8192 tokens per rank.
-//!     let mut rank = CudaRank::new(world, &config, 8192, Mma::Bf16, &my_weights(r))?;
+//!     let mut rank = CudaRank::new(world.clone(), &config, 8192, Mma::Bf16, &my_weights(r))?;
 //!     let (y, _stage_times) = rank.forward(&my_tokens(r))?; // BF16 [T][H]
 //!     Ok(y)
 //! })?;

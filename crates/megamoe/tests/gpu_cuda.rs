@@ -14,6 +14,7 @@
 //! Without a GPU, a placement the machine cannot run is refused with an error.
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fp_formats::bf16;
@@ -155,7 +156,7 @@ fn cases(problem: &Problem, token_counts: &[usize]) -> Vec<Vec<RankInputs>> {
 /// the symmetric buffer is VMM memory (the process world's).
 fn sweep_rank(
     what: &str,
-    world: &World,
+    world: &Arc<World>,
     problem: &Problem,
     routes: Routes,
     cases: &[Vec<RankInputs>],
@@ -163,7 +164,7 @@ fn sweep_rank(
     let r = world.rank();
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     let mut rank = CudaRank::new(
-        world,
+        world.clone(),
         &problem.config,
         max_tokens,
         routes,
@@ -256,7 +257,7 @@ fn run_sweep_processes(
 ) {
     if is_test_rank(test) {
         let problems = problems();
-        let world = World::from_env().expect("this process's rank of the world");
+        let world = Arc::new(World::from_env().expect("this process's rank of the world"));
         let r = world.rank();
         let swept: Vec<_> = problems
             .iter()
@@ -313,7 +314,7 @@ fn run_sampled(what: &str, problem: &Problem, routes: Routes, t: usize, stride: 
     let inputs: Vec<RankInputs> = problem.inputs.iter().map(|x| x.first(config, t)).collect();
     let got = run_local(Placement::one_gpu_per_rank(config.num_ranks), |world| {
         let r = world.rank();
-        let mut rank = CudaRank::new(world, config, t, routes, &problem.weights[r])?;
+        let mut rank = CudaRank::new(world.clone(), config, t, routes, &problem.weights[r])?;
         rank.poison()?;
         world.barrier()?;
         let (y, times) = rank.forward(&inputs[r])?;
@@ -643,11 +644,11 @@ fn capacity_overflow_and_token_overflow_are_refused() {
         let mut shape = megamoe::cuda::pipeline_shape(&p.config, 32, Mma::Fp8)?;
         shape.pool_rows = 16; // 64 routed pairs cannot fit
         let jit = cuda_rt::Jit::new()?;
-        let mut rank = CudaRank::with_shape(world, &p.config, shape, &p.weights[0], jit)?;
+        let mut rank = CudaRank::with_shape(world.clone(), &p.config, shape, &p.weights[0], jit)?;
         let capacity = rank
             .forward(&p.inputs[0])
             .expect_err("16 pool rows are too few");
-        let mut rank = CudaRank::new(world, &p.config, 8, Mma::Fp8, &p.weights[0])?;
+        let mut rank = CudaRank::new(world.clone(), &p.config, 8, Mma::Fp8, &p.weights[0])?;
         let tokens = rank.forward(&p.inputs[0]).expect_err("32 tokens > T_max 8");
         Ok((capacity.to_string(), tokens.to_string()))
     })
@@ -721,9 +722,9 @@ fn a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on() {
         let env = symm_mem::ProcessEnv::from_env().expect("a rank's variables");
         let config = Config::tiny().with_ranks(2);
         let p = generated_problem(config, 64, 81, 0.1);
-        let world = World::from_process_env(&env).expect("the two-rank world");
+        let world = Arc::new(World::from_process_env(&env).expect("the two-rank world"));
         let r = world.rank();
-        let mut rank = CudaRank::new(&world, &config, 64, Routes::EXACT, &p.weights[r])
+        let mut rank = CudaRank::new(world.clone(), &config, 64, Routes::EXACT, &p.weights[r])
             .expect("a pipeline per rank");
         rank.set_stage_marks(false);
         rank.forward(&p.inputs[r])
@@ -774,10 +775,11 @@ fn a_rank_process_killed_mid_forward_fails_its_peer_and_the_survivor_goes_on() {
             master_port: env.master_port.wrapping_add(1),
             ..env
         };
-        let world = World::from_process_env(&survivor_env).expect("a world of the survivor");
+        let world =
+            Arc::new(World::from_process_env(&survivor_env).expect("a world of the survivor"));
         let config = Config::tiny();
         let p = generated_problem(config, 64, 82, 0.1);
-        let mut rank = CudaRank::new(&world, &config, 64, Routes::EXACT, &p.weights[0])
+        let mut rank = CudaRank::new(world.clone(), &config, 64, Routes::EXACT, &p.weights[0])
             .expect("a pipeline on the GPU the dead rank shared");
         rank.poison().expect("poisoned outputs");
         let (y, _) = rank.forward(&p.inputs[0]).expect("the survivor's forward");
@@ -853,7 +855,13 @@ fn after_warm_up_no_forward_compiles() {
     let config = Config::tiny().with_recipe(Recipe::G128);
     let p = generated_problem(config, 8192, 91, 0.05);
     run_local(Placement::one_gpu_per_rank(1), |world| {
-        let mut rank = CudaRank::new(world, &config, 8192, Routes::EXACT_L1, &p.weights[0])?;
+        let mut rank = CudaRank::new(
+            world.clone(),
+            &config,
+            8192,
+            Routes::EXACT_L1,
+            &p.weights[0],
+        )?;
         let cores = rank.warm_up()?;
         assert!(
             cores >= 2 * megamoe_kernel::gemm::TOKEN_TILES.len(),

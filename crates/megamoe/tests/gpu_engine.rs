@@ -49,7 +49,7 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
     let what = format!("{}/{routes}", config.recipe);
     run_local(Placement::one_gpu(1), |world| {
         let gpu = world.local_gpu();
-        let mut rank = CudaRank::new(world, &config, max, routes, &p.weights[0])?;
+        let mut rank = CudaRank::new(world.clone(), &config, max, routes, &p.weights[0])?;
         let compiled = rank.warm_up_fused()?;
         let jit = cuda_rt::testing::jit();
         let spin = gpu

@@ -12,6 +12,7 @@ use megamoe::{Config, Problem, RankInputs, Recipe};
 use megamoe_kernel::{Mma, Routes};
 use megamoe_problems::check::calc_diff;
 use megamoe_problems::reference;
+use std::sync::Arc;
 use symm_mem::World;
 
 mod common;
@@ -31,7 +32,7 @@ fn differing(a: &[bf16], b: &[bf16]) -> usize {
 /// fused y per case.
 fn fused_rank(
     what: &str,
-    world: &World,
+    world: &Arc<World>,
     problem: &Problem,
     routes: Routes,
     cases: &[Vec<RankInputs>],
@@ -39,7 +40,7 @@ fn fused_rank(
     let r = world.rank();
     let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
     let mut rank = CudaRank::new(
-        world,
+        world.clone(),
         &problem.config,
         max_tokens,
         routes,
@@ -193,7 +194,13 @@ fn fused_timeline_records_every_tile() {
     let routes = Routes::both(Mma::Fp8);
     run_local(Placement::one_gpu(1), |world| -> Result<(), CudaError> {
         let inputs = &p.inputs[0];
-        let mut rank = CudaRank::new(world, &p.config, inputs.tokens, routes, &p.weights[0])?;
+        let mut rank = CudaRank::new(
+            world.clone(),
+            &p.config,
+            inputs.tokens,
+            routes,
+            &p.weights[0],
+        )?;
         rank.warm_up_fused()?;
         rank.set_path(ForwardPath::Fused);
         rank.poison()?;
