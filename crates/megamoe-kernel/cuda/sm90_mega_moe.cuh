@@ -85,9 +85,7 @@ constexpr int kStamps = 8;
 // The thread and CTA are read afresh (volatile): held in registers from the kernel's start, they
 // would be live across the GEMM roles.
 __device__ __forceinline__ void stamp(const MegaParams& p, int i) {
-  u32 cta;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-  if (p.stage_clock && (cta | sm90::fresh_tid_x()) == 0) p.stage_clock[i] = barriers::ptx::globaltimer();
+  if (p.stage_clock && (sm90::fresh_ctaid_x() | sm90::fresh_tid_x()) == 0) p.stage_clock[i] = barriers::ptx::globaltimer();
 }
 
 // Writes this thread made with ordinary stores are seen by the TMA (async proxy) loads that follow

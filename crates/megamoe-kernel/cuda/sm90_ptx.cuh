@@ -31,11 +31,17 @@ __device__ __forceinline__ u32 smid() {
   return id;
 }
 
-// threadIdx.x as an instruction the compiler cannot hoist out of a loop (see its users).
+// threadIdx.x and blockIdx.x as instructions the compiler cannot hoist out of a loop or hold from the
+// kernel's start (see their users).
 __device__ __forceinline__ u32 fresh_tid_x() {
   u32 t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
+}
+__device__ __forceinline__ u32 fresh_ctaid_x() {
+  u32 c;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(c));
+  return c;
 }
 
 // ---------------------------------------------------------------- mbarrier

@@ -176,8 +176,7 @@ struct SwigluOut {
     // Coordinates read afresh (volatile): derived from the consumer's members or kept from the
     // kernel's start, ptxas holds them across the main loop, where they spill.
     const int tid = (int)sm90::fresh_tid_x() - 128, warp = tid / 32, j = tid % 32 / 4, t = tid % 4;
-    u32 cta;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    const u32 cta = sm90::fresh_ctaid_x();
     const int ch0 = d.n_col / 2;  // the tile's first channel
     // Pairs are the GEMM's (kPairs): every G = 128 tile is one of a pair, and its exponents go to
     // its half of the exchange.

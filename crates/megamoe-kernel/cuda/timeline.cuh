@@ -5,6 +5,7 @@
 #pragma once
 
 #include "barriers.cuh"
+#include "sm90_ptx.cuh"
 
 namespace mm {
 namespace timeline {
@@ -33,15 +34,9 @@ static_assert(sizeof(Timeline) == 24, "Timeline layout (megamoe-kernel/src/timel
 
 __device__ __forceinline__ u64 now() { return barriers::ptx::globaltimer(); }
 
-__device__ __forceinline__ u32 cta_id() {  // read afresh: nothing held across the roles
-  u32 cta;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-  return cta;
-}
-
 // Appends e to this CTA's run. One thread of a CTA appends at a time.
 __device__ __forceinline__ void append(const Timeline* tl, const Event& e) {
-  const u32 cta = cta_id();
+  const u32 cta = sm90::fresh_ctaid_x();  // afresh: nothing held across the roles
   const u32 i = atomicAdd(tl->cursors + cta, 1u);
   if (i < tl->per_cta) tl->events[(size_t)cta * tl->per_cta + i] = e;
 }
