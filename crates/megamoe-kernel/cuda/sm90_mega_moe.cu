@@ -1,7 +1,7 @@
 // sm90_mega_moe.cu -- JIT entry point of the fused MoE forward (sm90_mega_moe.cuh): instantiates
 // mm::mega::mega_moe from the specialization's defines: each layer's grouped GEMM as the GEMM's own
 // entry point takes it, with the prefix MM_L1_ or MM_L2_ (BN, FP8, CTAS, ROW_BASE, FOLD_REGS,
-// CLUSTER, NARROW, SPLIT, PAIRS, STAGES), -DMM_G=<32|128> (the recipe's activation group) and
+// CLUSTER, NARROW, SPLIT, PAIRS, STAGES; the L1 hands its tiles to the SwiGLU epilogue's warps), -DMM_G=<32|128> (the recipe's activation group) and
 // -DMM_SMEM_BYTES (the larger layer's shared memory, the host's plan).
 #include "sm90_mega_moe.cuh"
 
@@ -10,9 +10,9 @@ struct __align__(64) TmaDescriptor {
 };
 
 using L1Gemm = mm::gemm::Gemm<MM_L1_BN, MM_L1_FP8 != 0, MM_L1_CTAS, MM_L1_ROW_BASE != 0, MM_L1_FOLD_REGS != 0,
-                              MM_L1_CLUSTER, MM_L1_NARROW != 0, MM_L1_SPLIT != 0, MM_L1_PAIRS != 0>;
+                              MM_L1_CLUSTER, MM_L1_NARROW != 0, MM_L1_SPLIT != 0, MM_L1_PAIRS != 0, true>;
 using L2Gemm = mm::gemm::Gemm<MM_L2_BN, MM_L2_FP8 != 0, MM_L2_CTAS, MM_L2_ROW_BASE != 0, MM_L2_FOLD_REGS != 0,
-                              MM_L2_CLUSTER, MM_L2_NARROW != 0, MM_L2_SPLIT != 0, MM_L2_PAIRS != 0>;
+                              MM_L2_CLUSTER, MM_L2_NARROW != 0, MM_L2_SPLIT != 0, MM_L2_PAIRS != 0, false>;
 
 extern "C" __global__ void __launch_bounds__(mm::mega::kThreads, MM_L1_CTAS)
     mm_mega_moe(const __grid_constant__ mm::mega::MegaParams params, const __grid_constant__ TmaDescriptor l1_act_map,

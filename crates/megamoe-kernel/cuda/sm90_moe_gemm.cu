@@ -5,7 +5,7 @@
 // CTAs per cluster sharing activation loads by multicast) -DMM_NARROW=<0|1> (narrow tiles)
 // -DMM_SPLIT=<0|1> (split tail) -DMM_PAIRS=<0|1> (items of two weight tiles), the epilogue's
 // -DMM_SWIGLU_G=<0|32|128> (0: BF16 out; else the L1's SwiGLU into an L2 pool of activation group
-// G, sm90_swiglu.cuh) and -DMM_SWIGLU_FP8_POOL=<0|1> (that pool's format), and -DMM_STAGES /
+// G, sm90_swiglu.cuh, on the epilogue warps the consumers hand their tiles to) and -DMM_SWIGLU_FP8_POOL=<0|1> (that pool's format), and -DMM_STAGES /
 // -DMM_SMEM_BYTES, the host's shared-memory plan.
 #include "sm90_swiglu.cuh"
 
@@ -14,7 +14,7 @@ struct __align__(64) TmaDescriptor {
 };
 
 using Core = mm::gemm::Gemm<MM_BN, MM_FP8 != 0, MM_CTAS, MM_ROW_BASE != 0, MM_FOLD_REGS != 0, MM_CLUSTER,
-                            MM_NARROW != 0, MM_SPLIT != 0, MM_PAIRS != 0>;
+                            MM_NARROW != 0, MM_SPLIT != 0, MM_PAIRS != 0, MM_SWIGLU_G != 0>;
 
 #if MM_SWIGLU_G
 using Epilogue = mm::swiglu::SwigluOut<MM_SWIGLU_G, MM_SWIGLU_FP8_POOL != 0>;

@@ -110,8 +110,11 @@ constexpr unsigned long long kSplitTailTimeoutNs = 5'000'000'000ull;
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
-template <int BN, bool kFp8, int kCtas>
+// kHandoff: the epilogue runs on the producer warpgroup's free warps (the epilogue warps), which
+// take each finished tile from the consumers through the hand-off region (see Gemm).
+template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
+  static constexpr int kBN = BN;
   static constexpr int kActBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
   static constexpr int kSfBytes = kFp8 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
@@ -121,26 +124,33 @@ struct Layout {
       ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
-  static constexpr bool kBoxEpilogue = kFp8 && kCtas == 1;
-  // The epilogue's shared memory: the BF16 box, or at least a byte per (token, consumer warp) of
-  // each tile of a pair, where the SwiGLU epilogue (sm90_swiglu.cuh) meets over its activation
-  // groups. The bytes fit in every plan's slack: no plan has a stage less for them.
-  static constexpr int kExchangeBytes = 16 * BN;
-  static constexpr int kEpilogueBytes = kBoxEpilogue && 2 * BN * 128 > kExchangeBytes ? 2 * BN * 128 : kExchangeBytes;
+  static constexpr bool kBoxEpilogue = !kHandoff && kFp8 && kCtas == 1;
+  // The hand-off region: a word per (weight row pair, token) of the tile for the epilogue's box,
+  // then the full / empty mbarriers of the hand-over.
+  static constexpr int kHandoffBytes = 256 * BN;
+  // Warps of the producer warpgroup that run the epilogue: those neither the producer thread's
+  // warp nor (FP8) the converter warp.
+  static constexpr int kEpilogueWarps = !kHandoff ? 0 : kFp8 ? 2 : 3;
+  static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
+  // The epilogue's shared memory: the hand-off region, the BF16 box, or none.
+  static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * BN * 128 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
   // fold tables (15 x 8 B) and the launch's item count, the unit descriptors
   static constexpr int kTableBytes = 128;
   // The producer's unit descriptors (UnitDesc), a ring one longer than the stages: it can run at
-  // most kStages stages, so kStages units, ahead of the consumers' last read.
-  static constexpr int kUnitSlots = kStages + 1;
-  static constexpr int kUnitBytes = kUnitSlots * 32;
+  // most kStages stages, so kStages units, ahead of the consumers' last read; with a hand-off two
+  // longer, for the epilogue warps read a unit's descriptor while the consumers may be a unit on.
+  static constexpr int kUnitSlots = kStages + (kHandoff ? 2 : 1);
+  static constexpr int kUnitBytes = kUnitSlots * 48;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
   static constexpr int kSmemBytes =
       1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes + kUnitBytes;
   // Offsets from the aligned base: the barriers and tables are found from it, not kept in registers.
   static constexpr int kEpilogueAt = kStages * kStageBytes;
+  static constexpr int kHandoffFullAt = kEpilogueAt + kHandoffBytes;  // count: the 256 consumer threads
+  static constexpr int kHandoffEmptyAt = kHandoffFullAt + 8;          // count: the epilogue threads
   static constexpr int kFullAt = kEpilogueAt + kEpilogueBytes;
   static constexpr int kEmptyAt = kFullAt + 8 * kStages;
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
@@ -173,7 +183,7 @@ struct WorkUnit {
 // n % kUnitSlots), written before the arrive that completes the unit's first stage; the consumers
 // re-read it after their main loop instead of holding it in registers they do not have.
 // kb_end == 0 marks the end of the CTA's work (its stage completes without data).
-struct UnitDesc {
+struct alignas(16) UnitDesc {
   int row0;       // first pool row of the tile
   int rows;       // rows of the tile that exist (the expert's rows from row0, at most BN)
   int n_col;      // first output column (weight row) of the tile; >= n_out: a cluster's ghost
@@ -182,7 +192,9 @@ struct UnitDesc {
   int pair;       // kAlone, kFirstOfPair or kSecondOfPair
   int expert;     // this rank's expert of the tile
   u32 handed_ns;  // with a timeline: the low 32 bits of %globaltimer when the producer handed it out
+  u32 seq;        // the unit's place among this CTA's units of the launch (the end mark's: their count)
 };
+static_assert(sizeof(UnitDesc) == 48, "Layout's unit slots");
 
 // Walks the work of one CTA in order (the producer; it tells the other roles through UnitDesc).
 // A work item is (expert, group of kGroup consecutive weight tiles, token block): a cluster of
@@ -349,10 +361,10 @@ __device__ __forceinline__ int scale_slot(int j) {
 // only the token's scale and the base multiplies the finished row once (exact: a power of two).
 // kRegs (FP8): decode tables from the meta nibbles in registers (see decode_fp8).
 // kCluster: CTAs per cluster (2: BF16 route only, see the header).
-template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster>
+template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kHandoff>
 struct Consumer {
   static_assert(!kFp8 || kCluster == 1, "clusters serve the BF16 route");
-  using L = Layout<BN, kFp8, kCtas>;
+  using L = Layout<BN, kFp8, kCtas, kHandoff>;
   static constexpr int kBN = BN;
   static constexpr bool kFp8Route = kFp8;
   static constexpr int kCtasPerSm = kCtas;
@@ -608,7 +620,7 @@ struct Consumer {
   // before the wgmma wait that precedes their promotion, so the shared-memory latency hides behind
   // it. Two CTAs per SM have no registers to spare for either (with them ptxas serialized the
   // wgmmas, C7511): one LDS.64 per 8 columns after the wait.
-  static constexpr bool kQuadScales = Layout<BN, kFp8, kCtas>::kQuadScales;
+  static constexpr bool kQuadScales = L::kQuadScales;
   static constexpr bool kPrefetchScales = kCtas == 1 && kRowBase;
   static constexpr int kScalePairs = kNsub / 8;  // FP8: two token scales per 8 columns of a chunk
   template <int kN, int P, int h>
@@ -763,9 +775,9 @@ struct Consumer {
 // and issues every stage's loads: the activation tile by TMA (in a cluster of two, one K half into
 // both CTAs by multicast), the FP8 token scales and the weight tile by bulk copy. Its last stage
 // completes without data and carries the end mark.
-template <int BN, bool kFp8, int kCtas, int kCluster, bool kSplitTail, bool kPairs>
+template <int BN, bool kFp8, int kCtas, int kCluster, bool kSplitTail, bool kPairs, bool kHandoff>
 struct Producer {
-  using L = Layout<BN, kFp8, kCtas>;
+  using L = Layout<BN, kFp8, kCtas, kHandoff>;
 
   // Warp 0 (lane: of the whole warp), before its thread 0 runs: every item of the launch, for the
   // split tail, into shared memory (the producer thread has no registers to keep it).
@@ -784,14 +796,15 @@ struct Producer {
     int stage = 0, slot = 0;
     u32 phase = 0;
     WorkUnit u;
-    for (int n = 0; walker.unit(n, rank, u); ++n) {
+    int n = 0;
+    for (; walker.unit(n, rank, u); ++n) {
       const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
       const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
       // The unit's descriptor goes out before the arrive that completes its first stage.
       mbar_wait(&empty[stage], phase ^ 1);
       units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
                              (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
-                             p.timeline ? (u32)timeline::now() : 0u};
+                             p.timeline ? (u32)timeline::now() : 0u, (u32)n};
       if (++slot == L::kUnitSlots) slot = 0;
       const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
@@ -820,6 +833,7 @@ struct Producer {
     // The end of this CTA's work: a stage that completes without data, with an end mark.
     mbar_wait(&empty[stage], phase ^ 1);
     units[slot].kb_range = 0;
+    units[slot].seq = (u32)n;
     mbar_arrive(&full[stage]);
   }
 };
@@ -828,9 +842,9 @@ struct Producer {
 // Warp 1 of warpgroup 0: each stage's UE8M0 token scales -> floats, once for both consumer
 // warpgroups, so the promotion reads two ready factors per LDS.64 (in scale_slot order with one
 // CTA per SM, Consumer::chunk_scales). It follows the units the producer hands out to the end mark.
-template <int BN, int kCtas>
+template <int BN, int kCtas, bool kHandoff>
 struct ScaleConverter {
-  using L = Layout<BN, true, kCtas>;
+  using L = Layout<BN, true, kCtas, kHandoff>;
 
   __device__ __forceinline__ static void run(u8* smem, int lane) {
     u64* full = (u64*)(smem + L::kFullAt);
@@ -883,11 +897,14 @@ struct Bf16Out {
       }
     }
   }
+  static constexpr bool kHandoff = false;
   // The last box is stored before the CTA's shared memory goes away.
   template <class C>
-  __device__ __forceinline__ void finish(C&) const {
+  __device__ __forceinline__ void finish(C&, const UnitDesc&) const {
     if constexpr (C::L::kBoxEpilogue) bulk_wait<0>();
   }
+  template <class L>
+  __device__ __forceinline__ void run(u8*) const {}
 };
 
 // One unit of a consumer warpgroup (its range, broadcast, is not the end mark): the split tail's
@@ -925,8 +942,9 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
   const UnitDesc d = *unit;  // read again: no registers held across the main loop
   // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
   // whatever its stages held (its weights are not loaded) and writes nothing: a separate
-  // path would cost the main loop its uniform descriptor arithmetic.
-  if (C::kClusterCtas > 1 && d.n_col >= p.n_out) return;
+  // path would cost the main loop its uniform descriptor arithmetic. (A hand-off epilogue takes
+  // every unit in turn and leaves the ghost's out itself.)
+  if (!Epilogue::kHandoff && C::kClusterCtas > 1 && d.n_col >= p.n_out) return;
   if constexpr (kSplitTail) {
     if ((d.kb_range & 0xffff) > 0) {  // a later part of a split tile: its head adds it
       c.store_partial(p.partials, p.partial_ready, d.slot);
@@ -941,14 +959,14 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
 }
 
 // Warpgroups 1 and 2 (thread 128 on), after setmaxnreg: every unit the producer hands out, until
-// the end mark; `rank` in the cluster.
+// the end mark, which goes to the epilogue's `finish`; `rank` in the cluster.
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail,
-          class Epilogue>
+          bool kHandoff, class Epilogue>
 __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* out_map, const Epilogue& epi, u8* smem,
                                               u32 rank) {
-  using L = Layout<BN, kFp8, kCtas>;
+  using L = Layout<BN, kFp8, kCtas, kHandoff>;
   const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
-  Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster> c;
+  Consumer<BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kHandoff> c;
   c.smem = smem;
   c.act_desc0 = desc_k_sw128(smem_addr(smem));
   c.thread = threadIdx.x - 128;  // warpgroup wg - 1 takes weight rows 64 (wg - 1) ..
@@ -960,12 +978,14 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
     mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
     const UnitDesc* unit = units + slot;
     const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
-    if (range == 0) break;
+    if (range == 0) {
+      epi.finish(c, *unit);
+      break;
+    }
     consume_unit<kNarrowTiles, kSplitTail>(c, p, out_map, epi, unit, range);
     // The unit as one event, from its hand-out to now (nothing held across the main loop for it).
     if (p.timeline && c.thread == 0) timeline::tile_done(p.timeline, *unit, smid());
   }
-  epi.finish(c);
 }
 
 // ---------------------------------------------------------------- the kernel
@@ -978,10 +998,16 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
 // (sm90_mega_moe.cuh) runs setup + roles + rejoin once per layer.
 // kPairs: each item is a pair of neighbouring weight tiles, both this CTA's (TileWalker), for an
 // epilogue whose output groups span two tiles (the L1's SwiGLU at G = 128).
+// kHandoff: the epilogue's own warps (Layout::kEpilogueWarps of the producer warpgroup) do its
+// work: the consumers hand each finished unit over in shared memory (the epilogue's `tile`: wait
+// for the hand-off region to be empty, fill it, arrive on its full barrier) and go on to their
+// next unit's main loop, so the tensor core does not wait for the epilogue; `run` on the epilogue
+// warps takes the units in order (their descriptors from the producer's ring), until the end mark
+// that `finish` hands over.
 template <int BN, bool kFp8, int kCtas, bool kRowBase, bool kRegs, int kCluster, bool kNarrowTiles, bool kSplitTail,
-          bool kPairs>
+          bool kPairs, bool kHandoff>
 struct Gemm {
-  using L = Layout<BN, kFp8, kCtas>;
+  using L = Layout<BN, kFp8, kCtas, kHandoff>;
   // The split tail (`kSplitTail`) serves the small tiles (two CTAs per SM), a few of which make a
   // CTA's work; the large tiles' launches make dozens of rounds, and their consumers have no
   // registers for it. Narrow tiles (`kNarrowTiles`): a two-CTA (small-T) tile whose rows fit in
@@ -1015,6 +1041,10 @@ struct Gemm {
         mbar_init(&scales_ready[s], 32);  // every lane of the converter warp
         mbar_init(&empty[s], 8 * kCluster);  // every consumer warp of the cluster
       }
+      if constexpr (kHandoff) {
+        mbar_init((u64*)(smem + L::kHandoffFullAt), 256);
+        mbar_init((u64*)(smem + L::kHandoffEmptyAt), L::kEpilogueThreads);
+      }
       fence_barrier_init();
     }
     if constexpr (kFp8 && !kRegs) {
@@ -1039,19 +1069,24 @@ struct Gemm {
     // here, ptxas spilled them in the producer.)
     // The rank in a cluster of kCluster along x (blockIdx.x % kCluster: visibly warp-uniform to the
     // compiler, unlike %cluster_ctarank, so the consumers keep their uniform descriptor arithmetic).
+    static_assert(Epilogue::kHandoff == kHandoff, "the epilogue's hand-off is the layout's");
     const u32 rank = blockIdx.x % kCluster;
     if (wg == 0) {
-      using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail, kPairs>;
+      using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail, kPairs, kHandoff>;
       setmaxnreg_dec<L::kProducerRegs>();
       if (threadIdx.x < 32) Role::count_launch_items(p, smem, threadIdx.x);
+      constexpr int kFirstEpilogueThread = 128 - L::kEpilogueThreads;
       if (threadIdx.x == 0) {
         Role::run(p, act_map, smem, rank);
+      } else if (kHandoff && threadIdx.x >= kFirstEpilogueThread) {
+        epi.template run<L>(smem);
       } else if constexpr (kFp8) {
-        if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas>::run(smem, threadIdx.x % 32);
+        if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas, kHandoff>::run(smem, threadIdx.x % 32);
       }
     } else {
       setmaxnreg_inc<L::kConsumerRegs>();
-      consumer_role<BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail>(p, out_map, epi, smem, rank);
+      consumer_role<BN, kFp8, kCtas, kRowBase, kRegs, kCluster, kNarrowTiles, kSplitTail, kHandoff>(p, out_map, epi,
+                                                                                                   smem, rank);
     }
     if constexpr (kCluster > 1) cluster_sync();
   }
@@ -1064,6 +1099,10 @@ struct Gemm {
     if (threadIdx.x < 128) setmaxnreg_inc<kLaunchRegs>();
     if (threadIdx.x == 0) {
       for (int s = 0; s < 3 * L::kStages; ++s) mbar_inval((u64*)(smem + L::kFullAt) + s);
+      if constexpr (kHandoff) {
+        mbar_inval((u64*)(smem + L::kHandoffFullAt));
+        mbar_inval((u64*)(smem + L::kHandoffEmptyAt));
+      }
     }
     __syncthreads();
   }

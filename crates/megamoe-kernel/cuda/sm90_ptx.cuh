@@ -24,6 +24,12 @@ __device__ __forceinline__ u8* align_smem(u8* raw) { return raw + ((1024u - (sme
 __device__ __forceinline__ void st_shared_unordered(void* p, u32 v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_addr(p)), "r"(v));
 }
+// st_shared_unordered at byte `kOffset` from shared address `base`: one base register for a run of
+// stores at fixed distances.
+template <int kOffset>
+__device__ __forceinline__ void st_shared_unordered_at(u32 base, u32 v) {
+  asm volatile("st.shared.u32 [%0+%1], %2;" ::"r"(base), "n"(kOffset), "r"(v));
+}
 // The SM this thread runs on (the benchmark's CTA timelines).
 __device__ __forceinline__ u32 smid() {
   u32 id;
@@ -135,6 +141,8 @@ template <int N> __device__ __forceinline__ void bulk_wait_read() {
 template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory"); }
 // This thread's shared-memory writes, visible to the TMA (the async proxy).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The line of global address p into this SM's L1, without a register to wait on.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }

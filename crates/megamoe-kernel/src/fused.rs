@@ -137,18 +137,22 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
         .define("MM_G", recipe.group())
         .define("MM_SMEM_BYTES", l1.smem_bytes().max(l2.smem_bytes()))
         .arches(&[Arch::Sm90a]);
-    // Known spills: the L1's (TilePlan::known_spill); 4 B of the FP8 g128 two-CTA kernel's producer
-    // (the grid's size, reloaded per unit from local memory) and 4 B of the mx32 256-token
-    // kernel's L2 epilogue (a value stored and reloaded once per tile), 2026-12-02, perf.md v77/v80.
-    let known_spill = l1.known_spill()
-        || (recipe == Recipe::G128 && l1.mma == Mma::Fp8 && l1.ctas_per_sm == 2)
+    // Known to fall short of registers: the L1's (TilePlan::known_register_shortfall); 4 B
+    // spilled by the g128 route's BF16 L1 with two CTAs per SM, and by the mx32 256-token kernel
+    // (a value stored and reloaded once per tile; 2026-12-02, perf.md v80/v81).
+    let known_shortfall = l1.known_register_shortfall()
+        || (recipe == Recipe::G128 && l1.mma == Mma::Bf16 && l1.ctas_per_sm == 2)
         || (recipe == Recipe::Mx32 && l1.tokens_per_tile == 256);
-    Ok(if known_spill { spec } else { spec.no_spill() }
-        .header(MEGA_HEADER)
-        .headers(crate::CUDA_HEADERS)
-        .headers(barriers::CUDA_HEADERS)
-        .header(cuda_rt::CUDA_HEADER)
-        .header(fp_formats::CUDA_HEADER))
+    Ok(if known_shortfall {
+        spec
+    } else {
+        spec.no_spill()
+    }
+    .header(MEGA_HEADER)
+    .headers(crate::CUDA_HEADERS)
+    .headers(barriers::CUDA_HEADERS)
+    .header(cuda_rt::CUDA_HEADER)
+    .header(fp_formats::CUDA_HEADER))
 }
 
 /// The fused specializations `cargo xtask kernels` checks: each route pair a pipeline runs, at

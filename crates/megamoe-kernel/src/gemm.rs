@@ -189,18 +189,23 @@ const fn box_epilogue(mma: Mma, ctas_per_sm: usize) -> bool {
     matches!(mma, Mma::Fp8) && ctas_per_sm == 1
 }
 
-/// The epilogue's shared memory (`kEpilogueBytes`): the box where there is one, at least a byte
-/// per (token, consumer warp) of each tile of a pair, where the SwiGLU epilogue's warps meet; those
-/// bytes fit in every plan's slack (no plan loses a stage to them:
-/// `plans_fit_shared_memory_and_registers`).
-const fn epilogue_bytes(mma: Mma, ctas_per_sm: usize, tokens_per_tile: usize) -> usize {
-    let exchange = 16 * tokens_per_tile;
-    if box_epilogue(mma, ctas_per_sm) && 2 * tokens_per_tile * 128 > exchange {
-        2 * tokens_per_tile * 128
-    } else {
-        exchange
+/// The epilogue's shared memory (`kEpilogueBytes`): for the SwiGLU epilogue the hand-off region
+/// (a 4-byte gate/up word per (channel, token) of the tile and two mbarriers: the consumers hand
+/// each tile to the epilogue warps there, `kHandoff`), for BF16 out the box where there is one.
+const fn epilogue_bytes(
+    mma: Mma,
+    ctas_per_sm: usize,
+    tokens_per_tile: usize,
+    epilogue: Epilogue,
+) -> usize {
+    match epilogue {
+        Epilogue::Swiglu { .. } => 256 * tokens_per_tile + 16,
+        Epilogue::Bf16Out if box_epilogue(mma, ctas_per_sm) => 2 * tokens_per_tile * 128,
+        Epilogue::Bf16Out => 0,
     }
 }
+/// Bytes of a unit descriptor in the producer's ring (`UnitDesc`).
+const UNIT_DESC_BYTES: usize = 48;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GemmError {
@@ -335,12 +340,7 @@ impl TilePlan {
     /// the epilogue walks tiles in pairs; the small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
-        let stages = ((SMEM_BUDGET[ctas_per_sm - 1]
-            - epilogue_bytes(self.mma, ctas_per_sm, self.tokens_per_tile))
-            / self.stage_bytes)
-            .min(MAX_STAGES);
         Self {
-            stages,
             ctas_per_sm,
             cluster: if ctas_per_sm == 1 && self.mma == Mma::Bf16 && !self.epilogue.pairs() {
                 2
@@ -349,6 +349,21 @@ impl TilePlan {
             },
             ..self
         }
+        .with_stages_that_fit()
+    }
+
+    /// The same tile with as many stages as fit next to its epilogue's shared memory.
+    fn with_stages_that_fit(self) -> Self {
+        let stages = ((SMEM_BUDGET[self.ctas_per_sm - 1]
+            - epilogue_bytes(
+                self.mma,
+                self.ctas_per_sm,
+                self.tokens_per_tile,
+                self.epilogue,
+            ))
+            / self.stage_bytes)
+            .min(MAX_STAGES);
+        Self { stages, ..self }
     }
 
     /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route without pairs).
@@ -366,7 +381,7 @@ impl TilePlan {
     /// The SwiGLU epilogue's tiles are drawn whole: with the split tail's code beside it, ptxas
     /// spilled the two-CTA mx32 tiles (the split gains ≈ 0.7 %, perf.md v29).
     pub fn with_epilogue(self, epilogue: Epilogue) -> Self {
-        let plan = Self { epilogue, ..self };
+        let plan = Self { epilogue, ..self }.with_stages_that_fit();
         match epilogue {
             Epilogue::Bf16Out => plan,
             Epilogue::Swiglu { .. } => {
@@ -452,14 +467,27 @@ impl TilePlan {
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's
     /// (`epilogue_bytes`), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables
-    /// (and the launch's item count), and the producer's ring of 32-B unit descriptors, one
-    /// longer than the stages.
+    /// (and the launch's item count), and the producer's ring of unit descriptors.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
-            + epilogue_bytes(self.mma, self.ctas_per_sm, self.tokens_per_tile)
+            + epilogue_bytes(
+                self.mma,
+                self.ctas_per_sm,
+                self.tokens_per_tile,
+                self.epilogue,
+            )
             + (24 * self.stages).next_multiple_of(16)
             + 128
-            + 32 * (self.stages + 1)
+            + UNIT_DESC_BYTES * (self.stages + self.unit_slots_beyond_stages())
+    }
+
+    /// The producer's unit descriptors beyond one per stage (`kUnitSlots`): the epilogue warps of
+    /// a hand-off epilogue read theirs a unit later than the consumers.
+    fn unit_slots_beyond_stages(&self) -> usize {
+        match self.epilogue {
+            Epilogue::Swiglu { .. } => 2,
+            Epilogue::Bf16Out => 1,
+        }
     }
 
     /// The JIT specialization.
@@ -484,28 +512,23 @@ impl TilePlan {
             .headers(barriers::CUDA_HEADERS)
             .header(cuda_rt::CUDA_HEADER)
             .header(fp_formats::CUDA_HEADER);
-        if self.known_spill() {
+        if self.known_register_shortfall() {
             spec
         } else {
             spec.no_spill()
         }
     }
 
-    /// The specializations known to spill (`cargo xtask kernels` shows their bytes, and fails on
-    /// any other): the BF16 route's L1 with g128 groups (tiles in pairs) at 256 tokens, whose
-    /// SwiGLU epilogue leaves ptxas 92–112 B short of the consumers' 224 registers, in the
-    /// epilogue only (SASS: no local memory in the main loop; 2026-12-02, perf.md v77); the mx32
-    /// sibling fits.
-    pub fn known_spill(&self) -> bool {
-        self.mma == Mma::Bf16
-            && self.tokens_per_tile == 256
-            && matches!(
-                self.epilogue,
-                Epilogue::Swiglu {
-                    recipe: Recipe::G128,
-                    ..
-                }
-            )
+    /// The specializations known to fall short of registers (`cargo xtask kernels` shows them,
+    /// and fails on any other that spills or serializes its wgmmas): the FP8 route's L1 at 32
+    /// tokens with two CTAs per SM, whose wgmmas ptxas serializes (C7511) once the SwiGLU
+    /// epilogue's warps share the kernel (any code on them, however small, tips it; 2026-12-02,
+    /// perf.md v81).
+    pub fn known_register_shortfall(&self) -> bool {
+        self.mma == Mma::Fp8
+            && self.tokens_per_tile == 32
+            && self.ctas_per_sm == 2
+            && matches!(self.epilogue, Epilogue::Swiglu { .. })
     }
 
     /// What names this specialization among the others: route, tile, CTAs per SM, cluster, fold,
@@ -1306,11 +1329,6 @@ mod tests {
         );
         assert!(!plan(32, swiglu(Recipe::Mx32)).splits_tail());
         assert!(plan(32, Epilogue::Bf16Out).splits_tail());
-        assert_eq!(
-            plan(128, swiglu(Recipe::G128)).smem_bytes(),
-            plan(128, Epilogue::Bf16Out).with_cluster(1).smem_bytes(),
-            "the epilogue's exchange fits in the plan"
-        );
     }
 
     #[test]
@@ -1400,9 +1418,23 @@ mod tests {
 
     #[test]
     fn plans_fit_shared_memory_and_registers() {
+        let epilogues = [
+            Epilogue::Bf16Out,
+            Epilogue::Swiglu {
+                recipe: Recipe::G128,
+                pool: Mma::Fp8,
+            },
+            Epilogue::Swiglu {
+                recipe: Recipe::Mx32,
+                pool: Mma::Bf16,
+            },
+        ];
         for mma in [Mma::Fp8, Mma::Bf16] {
-            for bn in TOKEN_TILES {
-                let plan = TilePlan::new(mma, bn).unwrap();
+            for (bn, epilogue) in TOKEN_TILES
+                .into_iter()
+                .flat_map(|bn| epilogues.map(|e| (bn, e)))
+            {
+                let plan = TilePlan::new(mma, bn).unwrap().with_epilogue(epilogue);
                 let per_sm = plan.smem_bytes() * plan.ctas_per_sm;
                 assert!(
                     plan.stages >= 2 && per_sm <= 228 * 1024 - plan.ctas_per_sm * 1024,
