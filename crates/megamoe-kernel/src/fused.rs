@@ -292,7 +292,7 @@ impl Pipeline {
     }
 
     /// Compiles, once, the fused kernel for `tokens_per_tile`, and builds, once, what its launches
-    /// on this pipeline's buffers pass that no forward changes ([`FusedLaunch`]).
+    /// on this pipeline's buffers pass that no forward changes (`FusedLaunch`).
     pub fn prepare_fused(
         &mut self,
         gpu: &Gpu,
