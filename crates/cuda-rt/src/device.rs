@@ -1,6 +1,7 @@
 //! Devices: discovery that returns errors instead of panicking, the [`Gpu`] handle (primary context +
 //! one stream), and the few memory helpers cudarc's `CudaStream` lacks in checked form.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
@@ -88,11 +89,18 @@ impl DeviceInfo {
 /// a handle's work runs on that one stream, in order, so its buffers carry no cross-stream events
 /// (cudarc's event tracking is off: a launch's buffers cost no `cuStreamWaitEvent` /
 /// `cuEventRecord` pair each, which made a forward's host side tens of µs slower).
+///
+/// The handle counts the device allocations made through it ([`Gpu::device_allocations`]; its
+/// clones share the count): a caller that must not allocate on a hot path, a forward above all,
+/// checks that the count stands still across it.
 #[derive(Debug, Clone)]
 pub struct Gpu {
     info: DeviceInfo,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// Device allocations made through this handle or its clones: [`Gpu::alloc_zeros`],
+    /// [`Gpu::upload`], [`crate::SharedMemory::create`].
+    device_allocations: Arc<AtomicU64>,
 }
 
 impl Gpu {
@@ -116,7 +124,7 @@ impl Gpu {
         let (info, ctx) = Self::primary_context(ordinal)?;
         let stream = ctx.new_stream().call("cuStreamCreate")?;
         tracing::debug!(?info, "GPU opened");
-        Ok(Self { info, ctx, stream })
+        Ok(Self::from_parts(info, ctx, stream))
     }
 
     /// Device `ordinal`'s description and its primary context, retained, with cudarc's event
@@ -144,7 +152,12 @@ impl Gpu {
         ctx: Arc<CudaContext>,
         stream: Arc<CudaStream>,
     ) -> Self {
-        Self { info, ctx, stream }
+        Self {
+            info,
+            ctx,
+            stream,
+            device_allocations: Arc::default(),
+        }
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -169,11 +182,26 @@ impl Gpu {
         self.stream.synchronize().call("cuStreamSynchronize")
     }
 
+    /// How many device allocations were asked for through this handle and its clones since it was
+    /// opened ([`Gpu::alloc_zeros`], [`Gpu::upload`], [`crate::SharedMemory::create`]; refused ones
+    /// too). Memory allocated through cudarc's stream directly is not counted.
+    pub fn device_allocations(&self) -> u64 {
+        self.device_allocations.load(Ordering::Relaxed)
+    }
+
+    /// Counts one device allocation made through this handle.
+    pub(crate) fn count_device_allocation(&self) {
+        self.device_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.count_device_allocation();
         self.stream.alloc_zeros(len).call("cuMemAllocAsync")
     }
 
+    /// A new device buffer holding `host` (an allocation: [`Gpu::upload_into`] reuses one).
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.count_device_allocation();
         self.stream.clone_htod(host).call("cuMemcpyHtoDAsync")
     }
 

@@ -1,10 +1,12 @@
 //! Launching: [`LaunchConfig`] (grid, block, dynamic shared memory, cluster shape, cooperative,
-//! programmatic dependent launch) and the
-//! [`Launch`] argument builder. Every launch goes through `cuLaunchKernelEx`, since cudarc's launch has
-//! no cluster attribute. Also the occupancy queries a persistent grid is sized by (`Kernel::
-//! max_active_clusters`, `Kernel::max_active_blocks_per_sm`).
+//! programmatic dependent launch), the [`Launch`] argument builder, and [`LaunchArgs`]: arguments
+//! assembled once for a launch that repeats ([`Kernel::launch_with`]: no allocation, only the
+//! arguments that change rewritten). Every launch goes through `cuLaunchKernelEx`, since cudarc's
+//! launch has no cluster attribute. Also the occupancy queries a persistent grid is sized by
+//! (`Kernel::max_active_clusters`, `Kernel::max_active_blocks_per_sm`).
 
 use std::ffi::c_void;
+use std::marker::PhantomData;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop, sys};
 
@@ -100,7 +102,90 @@ impl LaunchConfig {
 /// (passed by value as a `__grid_constant__` parameter) and aligned for anything smaller. The driver
 /// copies them at launch, so they only need to stay put during `cuLaunchKernelEx`.
 #[repr(C, align(128))]
+#[derive(Clone, Copy)]
 struct ArgSlot([u8; 128]);
+
+/// Most arguments a kernel takes: its parameters are at most 4 KiB, one slot or more each.
+const MAX_ARGS: usize = 4096 / size_of::<ArgSlot>();
+
+/// A kernel's arguments in its parameter order, each in slots of its own, contiguous (a struct
+/// over 128 bytes takes several). Assembled once, they launch any number of times
+/// ([`Kernel::launch_with`]); an argument is rewritten in place through the index its push
+/// returned ([`LaunchArgs::set`]), so a launch that repeats copies only what changes and
+/// allocates nothing.
+#[derive(Clone, Default)]
+pub struct LaunchArgs {
+    slots: Vec<ArgSlot>,
+    /// Each argument's first slot.
+    starts: Vec<usize>,
+}
+
+/// Where [`LaunchArgs::push`] put an argument of type `T`: [`LaunchArgs::set`] rewrites it with
+/// another `T`, so it keeps its size.
+#[derive(Debug)]
+pub struct ArgIndex<T> {
+    index: usize,
+    arg: PhantomData<fn(T)>,
+}
+
+impl<T> Clone for ArgIndex<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for ArgIndex<T> {}
+
+impl LaunchArgs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a by-value parameter: integers, floats, raw device addresses (`u64`), `#[repr(C)]`
+    /// POD structs (of any size; a kernel's parameters are at most 4 KiB in all).
+    pub fn push<T: bytemuck::Pod>(&mut self, value: &T) -> ArgIndex<T> {
+        let bytes = bytemuck::bytes_of(value);
+        let start = self.slots.len();
+        self.slots.resize(
+            start + bytes.len().div_ceil(size_of::<ArgSlot>()).max(1),
+            ArgSlot([0; 128]),
+        );
+        self.starts.push(start);
+        let index = ArgIndex {
+            index: self.starts.len() - 1,
+            arg: PhantomData,
+        };
+        self.set(index, value);
+        index
+    }
+
+    /// Appends a `const __grid_constant__ CUtensorMap` parameter.
+    pub fn push_tensor_map(&mut self, map: &TensorMap) -> ArgIndex<[u8; 128]> {
+        self.push(&map.to_bytes())
+    }
+
+    /// Rewrites the argument at `index` (of these arguments) with `value`.
+    ///
+    /// # Panics
+    /// When `index` came from other arguments and lies past these.
+    pub fn set<T: bytemuck::Pod>(&mut self, index: ArgIndex<T>, value: &T) {
+        let start = self.starts[index.index];
+        let bytes = bytemuck::bytes_of(value);
+        let slots = &mut self.slots[start..start + bytes.len().div_ceil(size_of::<ArgSlot>())];
+        for (slot, chunk) in slots.iter_mut().zip(bytes.chunks(size_of::<ArgSlot>())) {
+            slot.0[..chunk.len()].copy_from_slice(chunk);
+        }
+    }
+
+    /// How many arguments there are.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+}
 
 /// A launch being assembled; see [`Kernel::launch`]. Arguments are added in the kernel's parameter order.
 /// Device buffers are borrowed until the launch is queued, and cudarc's event tracking orders them
@@ -110,8 +195,7 @@ pub struct Launch<'a> {
     kernel: &'a Kernel,
     stream: &'a CudaStream,
     config: LaunchConfig,
-    /// Each argument in slots of its own, contiguous (a struct over 128 bytes takes several).
-    args: Vec<Vec<ArgSlot>>,
+    args: LaunchArgs,
     guards: Vec<SyncOnDrop<'a>>,
 }
 
@@ -121,7 +205,7 @@ impl<'a> Launch<'a> {
             kernel,
             stream,
             config,
-            args: Vec::new(),
+            args: LaunchArgs::new(),
             guards: Vec::new(),
         }
     }
@@ -143,20 +227,13 @@ impl<'a> Launch<'a> {
     /// A by-value parameter: integers, floats, raw device addresses (`u64`), `#[repr(C)]` POD
     /// structs (of any size; a kernel's parameters are at most 4 KiB in all).
     pub fn scalar<T: bytemuck::Pod>(mut self, value: T) -> Self {
-        let bytes = bytemuck::bytes_of(&value);
-        let mut slots: Vec<ArgSlot> = (0..bytes.len().div_ceil(128).max(1))
-            .map(|_| ArgSlot([0; 128]))
-            .collect();
-        for (slot, chunk) in slots.iter_mut().zip(bytes.chunks(128)) {
-            slot.0[..chunk.len()].copy_from_slice(chunk);
-        }
-        self.args.push(slots);
+        self.args.push(&value);
         self
     }
 
     /// A `const __grid_constant__ CUtensorMap` parameter.
     pub fn tensor_map(mut self, map: &TensorMap) -> Self {
-        self.args.push(vec![ArgSlot(map.to_bytes())]);
+        self.args.push_tensor_map(map);
         self
     }
 
@@ -166,45 +243,104 @@ impl<'a> Launch<'a> {
     /// The arguments must match the kernel's parameter list in number, order and type, and the kernel
     /// must stay within the buffers it is given: neither can be checked from the host.
     pub unsafe fn launch(self) -> Result<()> {
-        let kernel = self.kernel;
-        let config = self.config;
-        config.check().map_err(|reason| Error::InvalidLaunch {
-            kernel: kernel.name().to_owned(),
-            reason,
-        })?;
-        kernel.reserve_dynamic_smem(config.dynamic_smem_bytes)?;
-        kernel.context().bind_to_thread().call("cuCtxSetCurrent")?;
-
-        let mut attrs = config.attributes();
-        let launch_config = config.driver(self.stream.cu_stream(), &mut attrs);
-        let mut params: Vec<*mut c_void> = self
-            .args
-            .iter()
-            .map(|slots| slots.as_ptr().cast_mut().cast())
-            .collect();
-        // SAFETY: the config, attributes and parameter slots outlive the call, which copies them; the
-        // parameter list itself is the caller's contract.
+        // SAFETY: the caller's contract.
         unsafe {
-            sys::cuLaunchKernelEx(
-                &launch_config,
-                kernel.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .call("cuLaunchKernelEx")?;
+            self.kernel
+                .launch_with(self.stream, self.config, &self.args)
+        }?;
         // Dropping the guards now records the buffers' use by this launch.
         drop(self.guards);
         Ok(())
     }
 }
 
+impl Kernel {
+    /// Queues the kernel on `stream` with `args` (assembled once, e.g. by a caller that launches
+    /// the same kernel on the same buffers again and again): no allocation, nothing copied but
+    /// what the driver copies. Device buffers in `args` are raw addresses: ordering them against
+    /// other streams is the caller's.
+    ///
+    /// # Safety
+    /// As [`Launch::launch`]: `args` must match the kernel's parameter list in number, order and
+    /// type, and the kernel must stay within the buffers it is given.
+    pub unsafe fn launch_with(
+        &self,
+        stream: &CudaStream,
+        config: LaunchConfig,
+        args: &LaunchArgs,
+    ) -> Result<()> {
+        config
+            .check()
+            .and_then(|()| {
+                if args.len() > MAX_ARGS {
+                    Err(format!(
+                        "{} arguments; a kernel's 4 KiB of parameters hold at most {MAX_ARGS}",
+                        args.len()
+                    ))
+                } else {
+                    Ok(())
+                }
+            })
+            .map_err(|reason| Error::InvalidLaunch {
+                kernel: self.name().to_owned(),
+                reason,
+            })?;
+        self.reserve_dynamic_smem(config.dynamic_smem_bytes)?;
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
+
+        let mut attrs = config.attributes();
+        let launch_config = config.driver(stream.cu_stream(), attrs.as_mut_slice());
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (param, &start) in params.iter_mut().zip(&args.starts) {
+            *param = args.slots[start..].as_ptr().cast_mut().cast();
+        }
+        // SAFETY: the config, attributes and parameter slots outlive the call, which copies them; the
+        // parameter list itself is the caller's contract.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &launch_config,
+                self.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .call("cuLaunchKernelEx")
+    }
+}
+
+/// A launch's attributes (cluster, cooperative, programmatic: at most one each), held in place.
+struct Attributes {
+    list: [sys::CUlaunchAttribute; 3],
+    len: usize,
+}
+
+impl Attributes {
+    fn push(&mut self, attribute: sys::CUlaunchAttribute) {
+        self.list[self.len] = attribute;
+        self.len += 1;
+    }
+
+    #[cfg(test)]
+    fn as_slice(&self) -> &[sys::CUlaunchAttribute] {
+        &self.list[..self.len]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [sys::CUlaunchAttribute] {
+        &mut self.list[..self.len]
+    }
+}
+
 impl LaunchConfig {
     /// The cluster, cooperative and programmatic attributes of a driver launch config.
-    fn attributes(&self) -> Vec<sys::CUlaunchAttribute> {
+    fn attributes(&self) -> Attributes {
         use sys::CUlaunchAttributeID as Id;
-        let mut attrs = Vec::with_capacity(3);
+        // Unused entries are never passed (`as_slice`).
+        let unused = attribute(Id::CU_LAUNCH_ATTRIBUTE_IGNORE, |_| {});
+        let mut attrs = Attributes {
+            list: [unused; 3],
+            len: 0,
+        };
         if let Some([x, y, z]) = self.cluster {
             attrs.push(attribute(Id::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, |v| {
                 v.clusterDim.x = x;
@@ -258,7 +394,7 @@ impl Kernel {
         self.reserve_dynamic_smem(config.dynamic_smem_bytes)?;
         self.context().bind_to_thread().call("cuCtxSetCurrent")?;
         let mut attrs = config.attributes();
-        let driver = config.driver(std::ptr::null_mut(), &mut attrs);
+        let driver = config.driver(std::ptr::null_mut(), attrs.as_mut_slice());
         let mut clusters = 0i32;
         // SAFETY: the config and its attributes outlive the call, which only reads them.
         unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, self.cu_function(), &driver) }
@@ -310,7 +446,7 @@ mod tests {
     #[test]
     fn attributes_follow_the_config() {
         let ids = |c: LaunchConfig| -> Vec<sys::CUlaunchAttributeID> {
-            c.attributes().iter().map(|a| a.id).collect()
+            c.attributes().as_slice().iter().map(|a| a.id).collect()
         };
         assert!(ids(LaunchConfig::linear(4, 32)).is_empty());
         assert!(ids(LaunchConfig::linear(4, 32).programmatic(false)).is_empty());
@@ -325,11 +461,43 @@ mod tests {
                 sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             ]
         );
-        let programmatic = LaunchConfig::linear(4, 32).programmatic(true).attributes()[0];
+        let programmatic = LaunchConfig::linear(4, 32)
+            .programmatic(true)
+            .attributes()
+            .as_slice()[0];
         // SAFETY: the attribute was built with this union field.
         assert_eq!(
             unsafe { programmatic.value.programmaticStreamSerializationAllowed },
             1
         );
+    }
+
+    #[test]
+    fn arguments_are_rewritten_in_place() {
+        #[repr(C)]
+        #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+        struct Wide([u64; 20]);
+        let mut args = LaunchArgs::new();
+        let first = args.push(&7u32);
+        let wide = args.push(&Wide([1; 20]));
+        args.push(&9u64);
+        // 4 B in one slot, 160 B in two, 8 B in one.
+        assert_eq!(
+            (args.len(), args.slots.len(), &args.starts[..]),
+            (3, 4, &[0, 1, 3][..])
+        );
+        args.set(wide, &Wide([2; 20]));
+        args.set(first, &8u32);
+        let slot_words = |slot: usize| -> Vec<u64> {
+            bytemuck::cast_slice::<u8, u64>(&args.slots[slot].0).to_vec()
+        };
+        assert_eq!(slot_words(0)[0], 8);
+        assert!(slot_words(1).iter().all(|&w| w == 2));
+        assert_eq!(slot_words(2)[..4], [2; 4]);
+        assert!(
+            slot_words(2)[4..].iter().all(|&w| w == 0),
+            "past the value: zeros"
+        );
+        assert_eq!(slot_words(3)[0], 9);
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`device`] | [`Gpu::list`], [`Gpu::open`], [`DeviceInfo`] (name, SMs, compute capability, opt-in shared memory, L2); the primary context and stream; `alloc_zeros` / `upload` / `download` / `memset` |
+//! | [`device`] | [`Gpu::list`], [`Gpu::open`], [`DeviceInfo`] (name, SMs, compute capability, opt-in shared memory, L2); the primary context and stream; `alloc_zeros` / `upload` / `download` / `memset`; the count of device allocations made through a handle (`Gpu::device_allocations`) |
 //! | [`green`] | [`Gpu::split`]: one device as handles whose streams run on their own shares of the SMs (green contexts), for ranks that share a GPU |
 //! | [`arch`] | [`Arch`]: `sm_90a` (Hopper, runs here) and `sm_100a` (Blackwell, compiles here) |
 //! | [`toolkit`] | [`Toolkit::locate`]: `$CUDA_PATH`, then `$MEGAMOE_CUDA_TOOLCHAIN` (the checkout's `.cuda/toolkit`, set in `.cargo/config.toml`), then `/usr/local/cuda` |
@@ -18,7 +18,7 @@
 //! | `cache` (private) | the cache files, written atomically |
 //! | [`ptxas`] | [`KernelResources`] (registers, spills, stack, static smem) parsed from the ptxas `-v` report |
 //! | [`module`] | [`Gpu::load_module`] → [`Module`] → [`Kernel`]; dynamic shared memory past 48 KiB |
-//! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative, programmatic dependent launch) and the [`Launch`] argument builder, over `cuLaunchKernelEx`; the occupancy of a persistent grid (resident clusters, blocks per SM) |
+//! | [`launch`] | [`LaunchConfig`] (cluster shape, cooperative, programmatic dependent launch) and the [`Launch`] argument builder, over `cuLaunchKernelEx`; [`LaunchArgs`], arguments assembled once for a launch that repeats (`Kernel::launch_with`: no allocation); the occupancy of a persistent grid (resident clusters, blocks per SM) |
 //! | [`tma`] | [`TensorMapDesc`] with field-by-field validation ([`TmaError`]) and `cuTensorMapEncodeTiled` → [`TensorMap`] |
 //! | [`peer`] | [`Gpu::enable_peer_access`], [`enable_peer_access_all`] |
 //! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
@@ -61,7 +61,7 @@ pub use cache::CACHE_ENV;
 pub use device::{DeviceInfo, Gpu, driver_present};
 pub use error::{Error, Result};
 pub use jit::{CompileOutcome, Compiled, Jit};
-pub use launch::{Launch, LaunchConfig};
+pub use launch::{ArgIndex, Launch, LaunchArgs, LaunchConfig};
 pub use module::{Kernel, Module};
 pub use nvrtc::NvrtcVersion;
 pub use peer::enable_peer_access_all;

@@ -69,6 +69,7 @@ impl SharedMemory {
         let bytes = bytes.max(1).next_multiple_of(granularity);
         let prop = properties(gpu);
         let mut handle = 0;
+        gpu.count_device_allocation();
         // SAFETY: valid out-pointer and properties; flags must be 0.
         unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) }
             .result()

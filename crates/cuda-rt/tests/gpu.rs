@@ -1,10 +1,10 @@
 //! cuda-rt on a real GPU: every launch kind, TMA, peer access, timing. Ignored by default; run with
 //! `cargo xtask test-gpu` or from `cargo xtask gpu-bundle`. Without a GPU they fail, they do not skip.
 
-use cuda_rt::cudarc::driver::DevicePtr;
+use cuda_rt::cudarc::driver::{DevicePtr, DevicePtrMut};
 use cuda_rt::{
-    Arch, CudaSlice, Error, Gpu, GpuTimer, Jit, LaunchConfig, Module, TensorMapDesc, TmaDataType,
-    enable_peer_access_all, selftest,
+    Arch, CudaSlice, Error, Gpu, GpuTimer, Jit, LaunchArgs, LaunchConfig, Module, TensorMapDesc,
+    TmaDataType, enable_peer_access_all, selftest,
 };
 
 fn gpu(ordinal: usize) -> Gpu {
@@ -69,6 +69,61 @@ fn open_reports_device_properties() {
         Gpu::open(devices.len()),
         Err(Error::InvalidOrdinal { .. })
     ));
+}
+
+/// Arguments assembled once launch again with one rewritten in place (`Kernel::launch_with`),
+/// each launch computing with the values it was given.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn prepared_arguments_launch_again_with_one_rewritten() {
+    let gpu = gpu(0);
+    let module = selftest_module(&gpu);
+    let saxpy = module.kernel("saxpy").unwrap();
+    let n = 1000;
+    let (x, y) = (random_f32(n, 3), random_f32(n, 4));
+    let (dx, dy) = (gpu.upload(&x).unwrap(), gpu.upload(&y).unwrap());
+    let mut outs = [poisoned::<f32>(&gpu, n), poisoned::<f32>(&gpu, n)];
+    let stream = gpu.stream();
+    let mut args = LaunchArgs::new();
+    let a_arg = args.push(&0f32);
+    args.push(&dx.device_ptr(stream).0);
+    args.push(&dy.device_ptr(stream).0);
+    let out_arg = args.push(&0u64);
+    args.push(&(n as i32));
+    let config = LaunchConfig::linear((n as u32).div_ceil(256), 256);
+    for (a, out) in [0.5f32, -2.0].into_iter().zip(&mut outs) {
+        args.set(a_arg, &a);
+        args.set(out_arg, &out.device_ptr_mut(stream).0);
+        // SAFETY: saxpy(float, const float*, const float*, float*, int) over n elements of
+        // buffers that live until the download below.
+        unsafe { saxpy.launch_with(stream, config, &args).unwrap() };
+    }
+    for (a, out) in [0.5f32, -2.0].into_iter().zip(&outs) {
+        let out = gpu.download(out).unwrap();
+        for i in 0..n {
+            assert_eq!(
+                out[i].to_bits(),
+                a.mul_add(x[i], y[i]).to_bits(),
+                "a = {a}, element {i}"
+            );
+        }
+    }
+}
+
+/// Every device allocation through a handle is counted, its clones' too; copies into a buffer,
+/// memsets and downloads are not allocations.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_allocations_are_counted() {
+    let gpu = gpu(0);
+    let before = gpu.device_allocations();
+    let mut a = gpu.alloc_zeros::<u32>(16).unwrap();
+    let b = gpu.clone().upload(&[1u32; 16]).unwrap();
+    assert_eq!(gpu.device_allocations(), before + 2);
+    gpu.upload_into(&[2u32; 8], &mut a).unwrap();
+    gpu.memset(&mut a, 0).unwrap();
+    gpu.download(&b).unwrap();
+    assert_eq!(gpu.device_allocations(), before + 2);
 }
 
 #[test]

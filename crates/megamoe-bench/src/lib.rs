@@ -7,7 +7,10 @@
 //! the inputs and download of y), the kernels' own time (CUDA events), TFLOPS = 2·pairs·H·3I / t
 //! over both, HBM GB/s of the plan's bytes, each stage's share, and on several ranks the
 //! communication kernels alone (dispatch + combine) with the NVLink GB/s of the plan's pulled and
-//! written-back bytes.
+//! written-back bytes. On the fused path, also the engine's device forward
+//! ([`CudaRank::forward_device`]: inputs already on the device, no host synchronization) at each
+//! point: the host's time per call, from call to return, with the stream busy, and the GPU's time
+//! per forward of the same calls back to back (CUDA events around them).
 //!
 //! Weights are random MXFP4 codes (`ExpertWeights::random_codes`: realistic bytes without the cost
 //! of quantizing V4-Pro), inputs come from the generator, routing is uniform with no masking; each
@@ -21,7 +24,9 @@ pub mod timeline_svg;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use cuda_rt::GpuTimer;
 
 use megamoe_kernel::Routes;
 use megamoe_kernel::problem::ExpertWeights;
@@ -30,7 +35,7 @@ use serde::Serialize;
 use symm_mem::World;
 
 use megamoe::cuda::{
-    CudaError, CudaRank, ForwardPath, Placement, StageTimes, agree_max, run_local,
+    CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, StageTimes, agree_max, run_local,
 };
 use megamoe::{Config, RankInputs, RankWeights, Recipe};
 use megamoe_problems::generate::{self, GenOptions};
@@ -46,7 +51,7 @@ pub struct BenchOptions {
     pub routes: Vec<(Recipe, Routes)>,
     /// The forward's paths, each timed at every point on the same pipeline.
     pub paths: Vec<ForwardPath>,
-    /// Timed forwards per point (after one warm-up).
+    /// Timed forwards per point (after one warm-up); on the fused path as many device forwards.
     pub reps: usize,
     /// 0: every timed forward with its host I/O, which leaves the GPU idle in between (it meets
     /// each forward at its burst clock). Otherwise forwards back to back without host I/O
@@ -132,6 +137,13 @@ pub struct BenchRow {
     /// Host: queueing the stages.
     pub queue_us: f64,
     pub with_host_io_us: f64,
+    /// The engine's device forward (fused path, T > 0): the host's time per
+    /// [`CudaRank::forward_device`] call, from call to return, with earlier forwards still on the
+    /// stream (median).
+    pub device_call_us: Option<f64>,
+    /// The GPU's time per device forward, over the same calls back to back (CUDA events around
+    /// them).
+    pub device_forward_us: Option<f64>,
     /// Over the device wall time.
     pub tflops: f64,
     /// Over the kernels' time.
@@ -187,15 +199,12 @@ pub fn run_rank(
 }
 
 /// Every route's rows from `time(config, routes)`: one rank's inputs and times, `[point]` and
-/// `[point][path][rep]`; the fused rows carry their ratio to the unfused row of their point.
+/// `[point][path]`; the fused rows carry their ratio to the unfused row of their point.
 #[allow(clippy::type_complexity)]
 fn rows(
     opts: &BenchOptions,
     mut progress: impl FnMut(&BenchRow),
-    mut time: impl FnMut(
-        &Config,
-        Routes,
-    ) -> Result<(Vec<RankInputs>, Vec<Vec<Vec<StageTimes>>>), CudaError>,
+    mut time: impl FnMut(&Config, Routes) -> Result<(Vec<RankInputs>, Vec<Vec<PathTimes>>), CudaError>,
 ) -> Result<Vec<BenchRow>, CudaError> {
     let mut rows = Vec::new();
     for &(recipe, routes) in &opts.routes {
@@ -206,7 +215,7 @@ fn rows(
                 .paths
                 .iter()
                 .zip(paths)
-                .map(|(&path, runs)| summarize(&config, routes, path, point, runs))
+                .map(|(&path, times)| summarize(&config, routes, path, point, times))
                 .collect();
             let unfused = point_rows
                 .iter()
@@ -257,10 +266,69 @@ fn point_inputs(opts: &BenchOptions, config: &Config, rank: usize) -> Vec<RankIn
         .collect()
 }
 
+/// One path's times at one point.
+#[derive(Clone, Debug)]
+struct PathTimes {
+    /// The host path's forwards (`CudaRank::forward` / `rerun`), `[rep]`.
+    forwards: Vec<StageTimes>,
+    /// The engine's device forwards; on the fused path at T > 0 only.
+    device: Option<DeviceForwardTimes>,
+}
+
+/// The engine's device forwards of one point ([`time_device_forwards`]).
+#[derive(Clone, Debug)]
+struct DeviceForwardTimes {
+    /// The host's time of each call, from call to return.
+    calls: Vec<Duration>,
+    /// The GPU's time per forward, the calls' forwards back to back.
+    per_forward: Duration,
+}
+
+/// Collective: `reps` device forwards of `point` ([`CudaRank::forward_device`], fused, its inputs
+/// in device buffers) queued back to back on this rank's stream, each call timed on the host from
+/// call to return, and the whole run on the GPU by events around it. An untimed forward queued
+/// first keeps the stream busy from the first timed call on, as an engine's is; the ranks meet on
+/// the host before, so that no rank's forwards wait on the device for a peer still timing the host
+/// path.
+fn time_device_forwards(
+    world: &World,
+    rank: &mut CudaRank,
+    config: &Config,
+    point: &RankInputs,
+    reps: usize,
+) -> Result<DeviceForwardTimes, CudaError> {
+    let stream = rank.gpu().stream().clone();
+    let timer = GpuTimer::new(rank.gpu())?;
+    let mut batch = DeviceBatch::new(&stream, config, point.tokens)?;
+    batch.upload(point)?;
+    let io = batch.io(false);
+    world.barrier()?;
+    // SAFETY: `batch` holds `point` on this rank's GPU and outlives the forwards (the stream is
+    // synchronized below); every rank queues as many forwards.
+    unsafe { rank.forward_device(&stream, &io)? };
+    timer.start(&stream)?;
+    let mut calls = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let clock = Instant::now();
+        // SAFETY: as above.
+        unsafe { rank.forward_device(&stream, &io)? };
+        calls.push(clock.elapsed());
+    }
+    timer.stop(&stream)?;
+    rank.gpu().synchronize()?;
+    rank.check_device_forward()?;
+    let run = Duration::from_secs_f64(f64::from(timer.elapsed_ms()?) * 1e-3);
+    Ok(DeviceForwardTimes {
+        calls,
+        per_forward: run / reps.max(1) as u32,
+    })
+}
+
 /// Collective: this rank's pipeline for the largest point, then per point and path a warm-up
 /// forward and `2 · opts.reps` timed ones, with and without stage marks in turn (with
 /// `opts.warm_up_ms`, back to back after that long of them; every rank runs as many as the slowest
-/// needs); `[point][path][rep]`.
+/// needs), and on the fused path `opts.reps` device forwards ([`time_device_forwards`]);
+/// `[point][path]`.
 fn time_points(
     world: &Arc<World>,
     config: &Config,
@@ -268,39 +336,47 @@ fn time_points(
     opts: &BenchOptions,
     weights: &RankWeights,
     inputs: &[RankInputs],
-) -> Result<Vec<Vec<Vec<StageTimes>>>, CudaError> {
+) -> Result<Vec<Vec<PathTimes>>, CudaError> {
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
     let mut rank = CudaRank::new(world.clone(), config, max_tokens, routes, weights)?;
     rank.set_chained_launches(opts.chained_launches);
+    if opts.paths.contains(&ForwardPath::Fused) {
+        // The device forward picks its tile from T alone: every tile it can pick compiled first,
+        // so that no rank compiles while its peers wait on the device.
+        rank.warm_up_fused()?;
+    }
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
     // each mark costs a forward ≈ 1–1.5 µs of GPU time).
-    let mut time_point =
-        |point: &RankInputs, path: ForwardPath| -> Result<Vec<StageTimes>, CudaError> {
-            rank.set_path(path);
-            {
-                rank.set_stage_marks(true);
-                rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
-                if opts.warm_up_ms == 0 {
-                    return (0..2 * opts.reps)
-                        .map(|rep| {
-                            rank.set_stage_marks(rep % 2 == 0);
-                            Ok(rank.forward(point)?.1)
-                        })
-                        .collect();
-                }
-                let one = rank.rerun()?.wall.as_secs_f64().max(1e-5);
-                let busy = agree_max(world, (opts.warm_up_ms as f64 * 1e-3 / one).ceil() as u64)?;
-                for _ in 0..busy {
-                    rank.rerun()?;
-                }
-                (0..2 * opts.reps)
-                    .map(|rep| {
-                        rank.set_stage_marks(rep % 2 == 0);
-                        rank.rerun()
-                    })
-                    .collect()
+    let mut time_point = |point: &RankInputs, path: ForwardPath| -> Result<PathTimes, CudaError> {
+        rank.set_path(path);
+        rank.set_stage_marks(true);
+        rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
+        let forwards = if opts.warm_up_ms == 0 {
+            (0..2 * opts.reps)
+                .map(|rep| {
+                    rank.set_stage_marks(rep % 2 == 0);
+                    Ok(rank.forward(point)?.1)
+                })
+                .collect::<Result<Vec<_>, CudaError>>()?
+        } else {
+            let one = rank.rerun()?.wall.as_secs_f64().max(1e-5);
+            let busy = agree_max(world, (opts.warm_up_ms as f64 * 1e-3 / one).ceil() as u64)?;
+            for _ in 0..busy {
+                rank.rerun()?;
             }
+            (0..2 * opts.reps)
+                .map(|rep| {
+                    rank.set_stage_marks(rep % 2 == 0);
+                    rank.rerun()
+                })
+                .collect::<Result<Vec<_>, CudaError>>()?
         };
+        // An engine's batch holds at least one token.
+        let device = (path == ForwardPath::Fused && point.tokens > 0)
+            .then(|| time_device_forwards(world, &mut rank, config, point, opts.reps))
+            .transpose()?;
+        Ok(PathTimes { forwards, device })
+    };
     let times = inputs
         .iter()
         .map(|point| {
@@ -332,10 +408,10 @@ fn summarize(
     routes: Routes,
     path: ForwardPath,
     inputs: &RankInputs,
-    runs: &[StageTimes],
+    times: &PathTimes,
 ) -> BenchRow {
     let (marked, unmarked): (Vec<StageTimes>, Vec<StageTimes>) =
-        runs.iter().partition(|t| t.stage_marks);
+        times.forwards.iter().partition(|t| t.stage_marks);
     let median = |runs: &[StageTimes], f: &dyn Fn(&StageTimes) -> Duration| {
         let mut v: Vec<Duration> = runs.iter().map(f).collect();
         v.sort();
@@ -400,6 +476,15 @@ fn summarize(
         route_us: route * 1e6,
         queue_us: queue * 1e6,
         with_host_io_us: with_io * 1e6,
+        device_call_us: times.device.as_ref().map(|d| {
+            let mut calls = d.calls.clone();
+            calls.sort();
+            calls[calls.len() / 2].as_secs_f64() * 1e6
+        }),
+        device_forward_us: times
+            .device
+            .as_ref()
+            .map(|d| d.per_forward.as_secs_f64() * 1e6),
         tflops: flops / device / 1e12,
         kernel_tflops: flops / kernels.max(1e-12) / 1e12,
         hbm_gbps: hbm / kernels.max(1e-12) / 1e9,
@@ -414,9 +499,14 @@ fn summarize(
     }
 }
 
+/// A time of the table that only some paths have, or `-`.
+fn optional_us(us: Option<f64>) -> String {
+    us.map_or("-".to_owned(), |us| format!("{us:.1}"))
+}
+
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route         path       R      T  pairs | /unfused |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | kernel shares";
+    pub const HEADER: &str = "route         path       R      T  pairs | /unfused |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | dev call us dev fwd us | kernel shares";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -428,7 +518,7 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<13} {:<7} {:>2} {:>6} {:>6} | {:>8} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {}",
+            "{:<13} {:<7} {:>2} {:>6} {:>6} | {:>8} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {:>11} {:>10} | {}",
             format!("{}/{}", self.recipe, self.routes),
             self.path,
             self.ranks,
@@ -447,6 +537,8 @@ impl std::fmt::Display for BenchRow {
             self.communication_us,
             self.nvlink_gbps,
             self.with_host_io_us,
+            optional_us(self.device_call_us),
+            optional_us(self.device_forward_us),
             shares.join(", ")
         )
     }

@@ -73,7 +73,8 @@ enum Command {
     /// Print the per-rank plan of a preset: buffer size, block sizes, waves, bytes and FLOPs.
     Plan(PlanArgs),
     /// Time the CUDA pipeline on local GPUs: per recipe and T, device time, TFLOPS, HBM and NVLink
-    /// GB/s of the plan's bytes, communication alone, each stage's share.
+    /// GB/s of the plan's bytes, communication alone, each stage's share; on the fused path the
+    /// engine's device forward too (host time per call, GPU time per forward).
     Bench(BenchArgs),
 }
 
@@ -101,7 +102,9 @@ struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "unfused,fused")]
     path: Vec<ForwardPath>,
     /// Timed forwards per point, after one warm-up: as many again with a mark between every two
-    /// stages (the shares and the communication time come from those).
+    /// stages (the shares and the communication time come from those); on the fused path as many
+    /// device forwards (`CudaRank::forward_device`) back to back, each call's host time and their
+    /// GPU time per forward.
     #[arg(long, default_value_t = 10)]
     reps: usize,
     /// 0: each timed forward with its host I/O (the GPU idles in between, at its burst clock);

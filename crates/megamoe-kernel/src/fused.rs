@@ -10,7 +10,7 @@
 //! engine's device buffers ([`DeviceIo`]) on the engine's stream, capturable in a CUDA graph.
 
 use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
+use cuda_rt::{Arch, ArgIndex, Gpu, Jit, Kernel, KernelSpec, LaunchArgs, LaunchConfig};
 use fp_formats::Recipe;
 
 use crate::epilogue::{Epilogue, SwigluParams, spill_floats};
@@ -295,37 +295,48 @@ impl Pipeline {
         TilePlan::tokens_per_tile_for(per_expert)
     }
 
-    /// Compiles, once, the fused kernel for `tokens_per_tile`.
+    /// Compiles, once, the fused kernel for `tokens_per_tile`, and builds, once, what its launches
+    /// on this pipeline's buffers pass that no forward changes (`FusedLaunch`).
     pub fn prepare_fused(
         &mut self,
         gpu: &Gpu,
         jit: &Jit,
         tokens_per_tile: usize,
     ) -> Result<(), UnfusedError> {
-        if !self.fused.contains_key(&tokens_per_tile) {
+        if self.fused_kernel(tokens_per_tile).is_none() {
             let plans = layer_plans(
                 self.shape.recipe,
                 self.shape.routes,
                 tokens_per_tile,
                 [self.w1.fold, self.w2.fold],
             )?;
-            let core = FusedCore::new(gpu, jit, self.shape.recipe, plans)?;
-            self.fused.insert(tokens_per_tile, core);
+            let mut core = FusedCore::new(gpu, jit, self.shape.recipe, plans)?;
+            let launch = self.fused_launch(gpu.stream(), &mut core)?;
+            self.fused.push(PreparedFused { core, launch });
         }
         Ok(())
+    }
+
+    /// The prepared fused kernel of `tokens_per_tile`, if any: a scan of at most
+    /// [`TOKEN_TILES`]`.len()` entries, cheaper per forward than hashing the tile.
+    pub(crate) fn fused_kernel(&self, tokens_per_tile: usize) -> Option<&PreparedFused> {
+        self.fused
+            .iter()
+            .find(|f| f.tokens_per_tile() == tokens_per_tile)
     }
 
     /// After the stream is synchronized: the stages of the last fused forward, when it ran with its
     /// stage clock on.
     pub fn fused_stage_times(&self, gpu: &Gpu) -> Result<Option<FusedStageTimes>, UnfusedError> {
         self.launched_fused
-            .map(|key| self.fused[&key].stage_times(gpu))
+            .and_then(|tile| self.fused_kernel(tile))
+            .map(|f| f.core.stage_times(gpu))
             .transpose()
     }
 
     /// The CTAs of the fused kernel for `tokens_per_tile`, once compiled.
     pub fn fused_grid(&self, tokens_per_tile: usize) -> Option<u32> {
-        self.fused.get(&tokens_per_tile).map(FusedCore::grid)
+        self.fused_kernel(tokens_per_tile).map(|f| f.core.grid())
     }
 
     /// Whether fused forwards record a timeline (`Some(events per CTA)`, allocated here, once) or
@@ -352,10 +363,13 @@ impl Pipeline {
     /// GEMMs' tiles, and its stages as the grid's (from its stage clock, which a recording forward
     /// keeps: between the grid's meetings, whose waits they include).
     pub fn fused_timeline(&self, gpu: &Gpu) -> Result<Option<Timeline>, UnfusedError> {
-        let (Some(timeline), Some(tile)) = (&self.timeline, self.launched_fused) else {
+        let (Some(timeline), Some(fused)) = (
+            &self.timeline,
+            self.launched_fused.and_then(|tile| self.fused_kernel(tile)),
+        ) else {
             return Ok(None);
         };
-        let clock = gpu.download(&self.fused[&tile].stage_clock)?;
+        let clock = gpu.download(&fused.core.stage_clock)?;
         // The stamps: start, counts met, plan, dispatch met, L1, L2, combine met, end.
         let mut stages = vec![
             (EventKind::Count, clock[0], clock[1]),
@@ -444,89 +458,67 @@ impl Pipeline {
         unsafe { self.queue_fused(gpu, stream, io, tile, false) }
     }
 
-    /// Queues a fused forward of `io` on `stream` with the compiled kernel of `tokens_per_tile`.
-    ///
-    /// # Safety
-    /// As [`Pipeline::forward_fused_on`].
-    unsafe fn queue_fused(
+    /// What every launch of `core` on this pipeline passes that no forward changes: the parameter
+    /// block with the forward's fields left zero, the tensor maps over this pipeline's pools and
+    /// the grid. Addresses only (the pipeline's buffers never move: [`Pipeline::new`] allocates
+    /// them once; cudarc's event tracking is off on a [`Gpu`]'s context, so taking them records
+    /// nothing on `stream`).
+    fn fused_launch(
         &mut self,
-        gpu: &Gpu,
         stream: &CudaStream,
-        io: &DeviceIo,
-        tokens_per_tile: usize,
-        stage_clock: bool,
-    ) -> Result<(), UnfusedError> {
-        let tokens = io.tokens as usize;
+        core: &mut FusedCore,
+    ) -> Result<FusedLaunch, UnfusedError> {
         let s = self.shape;
         let el = s.experts_per_rank();
-        let pairs = (tokens * s.top_k) as i32;
         let own = self.own();
-        let errors = self.error_words.device_ptr(stream).0;
-        // SAFETY: words 1 and 2 of this pipeline's error words, on its GPU.
-        unsafe { gpu.memset_raw_on(stream, errors + 8, 16, 0)? };
         let [first_row, expert_offset, expert_rows] =
             Self::plan_tables(&s).map(|table| self.plan_dev.slice(table).device_ptr(stream).0);
         let peers = self.peers.device_ptr(stream).0;
-        let topk_idx = io.topk_idx;
         let route = self.route.device_ptr_mut(stream).0;
         let plan_error = self.error_words.slice(1..3).device_ptr(stream).0;
         let l2_act = self.l2_act.device_ptr_mut(stream).0;
         let l2_sf = self.l2_sf.device_ptr_mut(stream).0;
+        let l2_out = self.l2_out.device_ptr_mut(stream).0;
         let swiglu = self.swiglu_out(stream, l2_act, l2_sf);
-        let core = self
-            .fused
-            .get_mut(&tokens_per_tile)
-            .expect("prepared above");
         let [p1, p2] = core.plans;
         let partials = core.partials.device_ptr_mut(stream).0;
         let partial_ready = core.partial_ready.device_ptr_mut(stream).0;
         let tickets = core.tickets.device_ptr_mut(stream).0;
         let gemm_error = core.error.device_ptr_mut(stream).0;
         let spill = core.spill.device_ptr_mut(stream).0;
-        let l2_out = self.l2_out.device_ptr_mut(stream).0;
-        let [l1_timeline, l2_timeline] = match &mut self.timeline {
-            Some(t) => {
-                t.clear(gpu, stream)?;
-                [EventKind::L1Tile, EventKind::L2Tile].map(|kind| t.desc(stream, kind))
-            }
-            None => [0, 0],
+        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| GemmParams {
+            w_codes: w.codes.device_ptr(stream).0,
+            w_meta: w.meta.device_ptr(stream).0,
+            act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
+            out,
+            expert_offset,
+            expert_rows,
+            num_experts: el as i32,
+            n_out: w.n as i32,
+            k: w.k as i32,
+            sf_stride: s.sf_stride() as i32,
+            partials,
+            partial_ready,
+            split_parts: if plan.splits_tail() {
+                plan.split_parts as i32
+            } else {
+                1
+            },
+            pad_: 0,
+            tickets: if plan.schedules_dynamically() {
+                tickets
+            } else {
+                0
+            },
+            timeline: 0,
+            error: gemm_error,
         };
-        let layer =
-            |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64, timeline: u64| {
-                GemmParams {
-                    w_codes: w.codes.device_ptr(stream).0,
-                    w_meta: w.meta.device_ptr(stream).0,
-                    act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
-                    out,
-                    expert_offset,
-                    expert_rows,
-                    num_experts: el as i32,
-                    n_out: w.n as i32,
-                    k: w.k as i32,
-                    sf_stride: s.sf_stride() as i32,
-                    partials,
-                    partial_ready,
-                    split_parts: if plan.splits_tail() {
-                        plan.split_parts as i32
-                    } else {
-                        1
-                    },
-                    pad_: 0,
-                    tickets: if plan.schedules_dynamically() {
-                        tickets
-                    } else {
-                        0
-                    },
-                    timeline,
-                    error: gemm_error,
-                }
-            };
         let params = MegaParams {
             count: CountParams {
-                topk_idx,
+                topk_idx: 0,
                 peers,
                 error: plan_error,
-                pairs,
+                pairs: 0,
                 top_k: s.top_k as i32,
                 num_experts: s.num_experts as i32,
                 num_ranks: s.num_ranks as i32,
@@ -547,26 +539,26 @@ impl Pipeline {
                 pad: 0,
             },
             route: RouteParams {
-                topk_idx,
+                topk_idx: 0,
                 first_row,
                 route,
                 expert_offset,
                 expert_rows,
                 meta: own.meta,
-                pairs,
+                pairs: 0,
                 experts_per_rank: el as i32,
                 rank: self.rank as i32,
                 pad: 0,
             },
             dispatch: DispatchParams {
-                x: io.x,
-                x_sf: io.x_sf,
+                x: 0,
+                x_sf: 0,
                 route,
-                topk_idx,
-                topk_w: io.topk_weights,
+                topk_idx: 0,
+                topk_w: 0,
                 peers,
                 error: plan_error,
-                tokens: tokens as i32,
+                tokens: 0,
                 top_k: s.top_k as i32,
                 hidden: s.hidden as i32,
                 experts_per_rank: el as i32,
@@ -588,11 +580,11 @@ impl Pipeline {
             },
             combine_reduce: CombineReduceParams {
                 combine: own.combine,
-                topk_idx,
-                y: io.y,
+                topk_idx: 0,
+                y: 0,
                 l2_out,
                 route,
-                tokens: tokens as i32,
+                tokens: 0,
                 top_k: s.top_k as i32,
                 hidden: s.hidden as i32,
                 max_tokens: s.max_tokens as i32,
@@ -603,19 +595,15 @@ impl Pipeline {
                 view: self.barrier_view.device_ptr(stream).0,
                 signals: own.signals,
                 error_word: self.error_words.slice(0..1).device_ptr(stream).0,
-                timeout_ns: self.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64,
+                timeout_ns: 0,
             },
-            l1: layer(p1, &self.w1, own.l1_sf, 0, l1_timeline),
-            l2: layer(p2, &self.w2, l2_sf, l2_out, l2_timeline),
+            l1: layer(p1, &self.w1, own.l1_sf, 0),
+            l2: layer(p2, &self.w2, l2_sf, l2_out),
             grid_word: core.grid_word.device_ptr_mut(stream).0,
-            stage_clock: if stage_clock {
-                core.stage_clock.device_ptr_mut(stream).0
-            } else {
-                0
-            },
-            tokens_dev: io.tokens_dev,
+            stage_clock: 0,
+            tokens_dev: 0,
             num_ranks: s.num_ranks as i32,
-            tokens: tokens as i32,
+            tokens: 0,
         };
         // The maps cover every row of the pools; a tile past its expert's rows reads rows whose
         // results are never stored.
@@ -628,21 +616,222 @@ impl Pipeline {
         if core.cluster > 1 {
             config = config.cluster([core.cluster as u32, 1, 1]);
         }
-        // SAFETY: every pointer is a buffer of this pipeline sized for `shape` (max_tokens pairs,
+        let mut args = LaunchArgs::new();
+        let params_arg = args.push(&params);
+        for map in [l1_act_map, l2_act_map, l2_out_map] {
+            args.push_tensor_map(&map);
+        }
+        Ok(FusedLaunch {
+            params,
+            args,
+            params_arg,
+            config,
+            stage_clock: core.stage_clock.device_ptr_mut(stream).0,
+        })
+    }
+
+    /// Queues a fused forward of `io` on `stream` with the prepared kernel of `tokens_per_tile`:
+    /// the plan's error words zeroed, then one launch of the kernel's [`FusedLaunch`] with the
+    /// forward's fields filled in.
+    ///
+    /// # Safety
+    /// As [`Pipeline::forward_fused_on`].
+    unsafe fn queue_fused(
+        &mut self,
+        gpu: &Gpu,
+        stream: &CudaStream,
+        io: &DeviceIo,
+        tokens_per_tile: usize,
+        stage_clock: bool,
+    ) -> Result<(), UnfusedError> {
+        let timelines = match &mut self.timeline {
+            Some(t) => {
+                t.clear(gpu, stream)?;
+                [EventKind::L1Tile, EventKind::L2Tile].map(|kind| t.desc(stream, kind))
+            }
+            None => [0, 0],
+        };
+        let forward = ForwardFields {
+            io: *io,
+            top_k: self.shape.top_k,
+            barrier_timeout: self.barrier_timeout,
+            stage_clock,
+            timelines,
+        };
+        let fused = self
+            .fused
+            .iter_mut()
+            .find(|f| f.tokens_per_tile() == tokens_per_tile)
+            .expect("prepared by the caller");
+        let launch = &mut fused.launch;
+        let params = launch.params(&forward);
+        // SAFETY: words 1 and 2 of this pipeline's error words (the plan's), on its GPU.
+        unsafe { gpu.memset_raw_on(stream, params.plan.error, 16, 0)? };
+        launch.args.set(launch.params_arg, &params);
+        // SAFETY: the arguments are the kernel's (`mm_mega_moe(MegaParams, three CUtensorMap)`);
+        // every pointer is a buffer of this pipeline sized for `shape` (max_tokens pairs,
         // pool_rows rows: the device plan refuses a plan past them before any row is written) or
-        // a region of every rank's live symmetric buffer (Pipeline::new's contract); the kernel's
-        // grid is resident at once (persistent_grid), as its grid barriers need.
+        // a region of every rank's live symmetric buffer (Pipeline::new's contract), or the
+        // caller's (`io`, as forward_fused_on's contract says); the kernel's grid is resident at
+        // once (persistent_grid), as its grid barriers need.
         unsafe {
-            core.kernel
-                .launch(stream, config)
-                .scalar(params)
-                .tensor_map(&l1_act_map)
-                .tensor_map(&l2_act_map)
-                .tensor_map(&l2_out_map)
-                .launch()?
+            fused
+                .core
+                .kernel
+                .launch_with(stream, launch.config, &launch.args)?
         };
         self.plan = None;
         self.launched_fused = Some(tokens_per_tile);
         Ok(())
+    }
+}
+
+/// A pipeline's fused kernel of one token tile: the compiled core and its launch on the
+/// pipeline's buffers.
+pub(crate) struct PreparedFused {
+    pub(crate) core: FusedCore,
+    launch: FusedLaunch,
+}
+
+impl PreparedFused {
+    fn tokens_per_tile(&self) -> usize {
+        self.core.plans[0].tokens_per_tile
+    }
+}
+
+/// What every launch of one fused kernel on one pipeline passes that no forward changes, built
+/// once when the kernel is prepared ([`Pipeline::prepare_fused`]): a forward copies the parameter
+/// block, writes its own fields ([`FusedLaunch::params`]) into the arguments and launches — no
+/// tensor map to encode (the maps cover the pipeline's pools, sized for `pool_rows` whatever T
+/// is), no parameter block to assemble, no allocation.
+struct FusedLaunch {
+    /// The parameter block with every field that depends on a forward zero ([`ForwardFields`]).
+    params: MegaParams,
+    /// The kernel's arguments: the last forward's parameter block, then the tensor maps of the L1
+    /// pool, the L2 pool and the L2 output.
+    args: LaunchArgs,
+    /// Where the parameter block lies in `args`.
+    params_arg: ArgIndex<MegaParams>,
+    config: LaunchConfig,
+    /// The kernel's stage clock, passed when a forward asks for it.
+    stage_clock: u64,
+}
+
+/// What a fused forward's parameter block takes from the forward itself rather than from the
+/// pipeline: the inputs and T ([`DeviceIo`]), the barrier's timeout of the moment
+/// ([`Pipeline::set_barrier_timeout`]), whether the kernel stamps its stages, and the timeline's
+/// descriptors (0: none).
+#[derive(Clone, Copy, Debug)]
+struct ForwardFields {
+    io: DeviceIo,
+    top_k: usize,
+    barrier_timeout: std::time::Duration,
+    stage_clock: bool,
+    timelines: [u64; 2],
+}
+
+impl FusedLaunch {
+    /// The parameter block of one forward: the prepared one with `forward`'s fields written.
+    fn params(&self, forward: &ForwardFields) -> MegaParams {
+        let io = &forward.io;
+        let tokens = io.tokens as usize;
+        let pairs = (tokens * forward.top_k) as i32;
+        let mut p = self.params;
+        p.count.topk_idx = io.topk_idx;
+        p.count.pairs = pairs;
+        p.route.topk_idx = io.topk_idx;
+        p.route.pairs = pairs;
+        p.dispatch.x = io.x;
+        p.dispatch.x_sf = io.x_sf;
+        p.dispatch.topk_idx = io.topk_idx;
+        p.dispatch.topk_w = io.topk_weights;
+        p.dispatch.tokens = tokens as i32;
+        p.combine_reduce.topk_idx = io.topk_idx;
+        p.combine_reduce.y = io.y;
+        p.combine_reduce.tokens = tokens as i32;
+        p.ranks.timeout_ns = forward.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        p.l1.timeline = forward.timelines[0];
+        p.l2.timeline = forward.timelines[1];
+        p.stage_clock = if forward.stage_clock {
+            self.stage_clock
+        } else {
+            0
+        };
+        p.tokens_dev = io.tokens_dev;
+        p.tokens = tokens as i32;
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A forward writes every field it owns — its inputs, T, pairs, the barrier's timeout, the
+    /// stage clock, the timeline — and no other byte of the prepared parameter block.
+    #[test]
+    fn a_forward_writes_only_its_own_fields() {
+        const PREPARED: u8 = 0xab;
+        let prepared: MegaParams = bytemuck::cast([PREPARED; size_of::<MegaParams>()]);
+        let mut args = LaunchArgs::new();
+        let params_arg = args.push(&prepared);
+        let launch = FusedLaunch {
+            params: prepared,
+            args,
+            params_arg,
+            config: LaunchConfig::linear(1, 1),
+            stage_clock: 0x5000,
+        };
+        let io = DeviceIo {
+            x: 0x1000,
+            x_sf: 0x2000,
+            topk_idx: 0x3000,
+            topk_weights: 0x4000,
+            y: 0x6000,
+            tokens: 7,
+            tokens_dev: 0x7000,
+        };
+        let forward = ForwardFields {
+            io,
+            top_k: 6,
+            barrier_timeout: Duration::from_secs(10),
+            stage_clock: true,
+            timelines: [0x8000, 0x9000],
+        };
+        let p = launch.params(&forward);
+        assert_eq!((p.count.topk_idx, p.count.pairs), (0x3000, 42));
+        assert_eq!((p.route.topk_idx, p.route.pairs), (0x3000, 42));
+        let d = p.dispatch;
+        assert_eq!(
+            (d.x, d.x_sf, d.topk_idx, d.topk_w, d.tokens),
+            (0x1000, 0x2000, 0x3000, 0x4000, 7)
+        );
+        let c = p.combine_reduce;
+        assert_eq!((c.topk_idx, c.y, c.tokens), (0x3000, 0x6000, 7));
+        assert_eq!(p.ranks.timeout_ns, 10_000_000_000);
+        assert_eq!((p.l1.timeline, p.l2.timeline), (0x8000, 0x9000));
+        assert_eq!((p.stage_clock, p.tokens_dev, p.tokens), (0x5000, 0x7000, 7));
+        // No value above holds a byte 0xab: every byte written differs from the prepared block.
+        let written = bytemuck::bytes_of(&p)
+            .iter()
+            .filter(|&&b| b != PREPARED)
+            .count();
+        let owned = [
+            8 + 4,     // count: topk_idx, pairs
+            8 + 4,     // route: topk_idx, pairs
+            4 * 8 + 4, // dispatch: x, x_sf, topk_idx, topk_w, tokens
+            8 + 8 + 4, // combine_reduce: topk_idx, y, tokens
+            8,         // ranks: timeout_ns
+            8 + 8,     // l1, l2: timeline
+            8 + 8 + 4, // stage_clock, tokens_dev, tokens
+        ];
+        assert_eq!(written, owned.iter().sum::<usize>());
+        let unclocked = launch.params(&ForwardFields {
+            stage_clock: false,
+            ..forward
+        });
+        assert_eq!(unclocked.stage_clock, 0);
     }
 }

@@ -436,9 +436,10 @@ pub struct Pipeline {
     pub(crate) glue: GlueKernels,
     /// GEMM cores by (route, tokens per tile, fold), compiled on first use.
     pub(crate) cores: HashMap<CoreKey, GemmCore>,
-    /// Fused forwards' kernels by tokens per tile, compiled on first use ([`crate::fused`]).
-    pub(crate) fused: HashMap<usize, crate::fused::FusedCore>,
-    /// The fused kernel this forward launched (a key of `fused`), if it ran fused.
+    /// Fused forwards' kernels, one per token tile, prepared on first use ([`crate::fused`];
+    /// [`Pipeline::fused_kernel`] finds one).
+    pub(crate) fused: Vec<crate::fused::PreparedFused>,
+    /// The token tile of the fused kernel this forward launched, if it ran fused.
     pub(crate) launched_fused: Option<usize>,
     /// Where fused forwards record their timeline, when asked ([`Pipeline::record_timeline`]).
     pub(crate) timeline: Option<crate::timeline::TimelineBuffers>,
@@ -555,7 +556,7 @@ impl Pipeline {
             rank,
             glue,
             cores: HashMap::new(),
-            fused: HashMap::new(),
+            fused: Vec::with_capacity(TOKEN_TILES.len()),
             launched_fused: None,
             timeline: None,
             w1: DeviceWeights::upload(gpu, w1)?,
@@ -797,8 +798,8 @@ impl Pipeline {
         for key in &self.launched {
             self.cores[key].check_error(gpu)?;
         }
-        if let Some(key) = self.launched_fused {
-            self.fused[&key].check_error(gpu)?;
+        if let Some(fused) = self.launched_fused.and_then(|tile| self.fused_kernel(tile)) {
+            fused.core.check_error(gpu)?;
         }
         Ok(())
     }

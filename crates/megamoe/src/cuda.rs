@@ -504,6 +504,15 @@ impl CudaRank {
         self.pipe.compiled_gemms()
     }
 
+    /// Device allocations made so far through this rank's GPU handle, which allocates everything
+    /// the rank holds (`cuda_rt::Gpu::device_allocations`): the symmetric buffer, the pipeline's
+    /// buffers and weights, each compiled kernel's workspace — and an engine's own buffers when
+    /// it allocates through [`Self::gpu`]. Forwards allocate none once the kernels they pick are
+    /// compiled ([`Self::warm_up`], [`Self::warm_up_fused`]): the count stands still across them.
+    pub fn device_allocations(&self) -> u64 {
+        self.world.local_gpu().device_allocations()
+    }
+
     pub fn poison(&mut self) -> Result<(), CudaError> {
         let gpu = self.world.local_gpu();
         self.pipe.poison(gpu)?;

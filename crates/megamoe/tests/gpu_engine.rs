@@ -3,7 +3,9 @@
 //! behind a 50 ms kernel returns at once and its y, once the stream is done, equals the host
 //! forward's bit for bit; a CUDA graph captured once (T read from the device) replays three
 //! different inputs and T to the eager forward's bits; a device T above the captured bound is
-//! refused through the error word, and the next replay works.
+//! refused through the error word, and the next replay works. After warm-up no forward allocates
+//! device memory: the count of the rank's GPU handle stands still across device forwards at
+//! several T, graph replays and host forwards on both paths.
 
 use std::time::{Duration, Instant};
 
@@ -177,4 +179,88 @@ fn device_forward_on_the_callers_stream_and_in_a_graph() {
         ..Config::deepseek_v4_flash()
     };
     engine_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+}
+
+/// No forward allocates device memory once its kernels are compiled: `CudaRank::device_allocations`
+/// (every allocation through the rank's GPU handle) stands still across device forwards at four T,
+/// a graph captured around one and replayed at two T, and host forwards on both paths.
+fn allocation_free_case(config: Config, routes: Routes, max: usize) {
+    let p = generated_problem(config, max, 113, 0.1);
+    let what = format!("{}/{routes}", config.recipe);
+    run_local(Placement::one_gpu(1), |world| {
+        let gpu = world.local_gpu();
+        let mut rank = CudaRank::new(world.clone(), &config, max, routes, &p.weights[0])?;
+        rank.warm_up()?;
+        rank.warm_up_fused()?;
+        let stream = driver("new_stream", gpu.stream().context().new_stream())?;
+        let mut dev = DeviceBatch::new(&stream, &config, max)?;
+        let cases: Vec<RankInputs> = [max, max / 2, 7, 1]
+            .map(|t| p.inputs[0].first(&config, t))
+            .to_vec();
+        let warm = rank.device_allocations();
+        assert!(warm > 0, "{what}: the rank's buffers were not counted");
+
+        for case in &cases {
+            dev.upload(case)?;
+            // SAFETY: the buffers hold `case` on this GPU and live until the stream is done.
+            unsafe { rank.forward_device(&stream, &dev.io(false))? };
+            driver("synchronize", stream.synchronize())?;
+            rank.check_device_forward()?;
+        }
+        let eager = rank.device_allocations();
+
+        dev.upload(&cases[0])?;
+        driver(
+            "begin_capture",
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        )?;
+        // SAFETY: as above; the graph reads the same buffers at every replay.
+        let queued = unsafe { rank.forward_device(&stream, &dev.io(true)) };
+        let graph = driver(
+            "end_capture",
+            stream.end_capture(sys::CUgraphInstantiate_flags(0)),
+        )?
+        .expect("a captured graph");
+        queued?;
+        for case in &cases[1..3] {
+            dev.upload(case)?;
+            driver("graph launch", graph.launch())?;
+            driver("synchronize", stream.synchronize())?;
+            rank.check_device_forward()?;
+        }
+        let replayed = rank.device_allocations();
+
+        for path in [ForwardPath::Unfused, ForwardPath::Fused] {
+            rank.set_path(path);
+            rank.forward(&cases[1])?;
+        }
+        let host = rank.device_allocations();
+        eprintln!(
+            "{what}: {warm} device allocations after warm-up; after the device forwards {eager}, \
+             the graph replays {replayed}, the host forwards {host}"
+        );
+        assert_eq!(
+            [eager, replayed, host],
+            [warm; 3],
+            "{what}: forwards allocated device memory (after warm-up, device forwards, replays, \
+             host forwards)"
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn forwards_allocate_no_device_memory_after_warm_up() {
+    allocation_free_case(
+        Config::tiny().with_recipe(Recipe::G128),
+        Routes::both(Mma::Fp8),
+        256,
+    );
+    let flash = Config {
+        num_experts: 16,
+        ..Config::deepseek_v4_flash()
+    };
+    allocation_free_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
 }
