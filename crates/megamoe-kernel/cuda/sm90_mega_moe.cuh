@@ -180,10 +180,11 @@ __device__ __forceinline__ void combine_send(const MegaParams& p) {
   });
 }
 
-// 7b. combine reduce: tokens over the grid, the top-k sums into y.
+// 7b. combine reduce: tokens over the grid, the top-k sums into y (kUnroll slots' rows loaded at once).
+template <int kUnroll>
 __device__ __forceinline__ void combine_reduce(const MegaParams& p) {
   over_warps(forward_tokens(p), max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
-    combine_reduce_token(p.combine_reduce, token, t, threads);
+    combine_reduce_token<kUnroll>(p.combine_reduce, token, t, threads);
   });
 }
 
@@ -238,7 +239,7 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   // The ranks meet: every combine buffer holds its rows. 7b. the top-k sums.
   if (!meet_ranks(p)) return;
   stamp(p, 6);
-  if (planned(p)) combine_reduce(p);
+  if (planned(p)) combine_reduce<kUnroll>(p);
   stamp(p, 7);
 }
 

@@ -494,28 +494,54 @@ __device__ __forceinline__ void combine_send_row(const CombineSendParams& p, int
   }
 }
 
+// Where token t's k slot j (< top_k) comes from: a slot this rank's experts computed is still in
+// its pool; the others were sent here. Null for a masked slot.
+__device__ __forceinline__ const u16* combine_source(const CombineReduceParams& p, int t, int j) {
+  const int e = p.topk_idx[t * p.top_k + j];
+  if (e < 0) return nullptr;
+  return e / p.experts_per_rank == p.rank ? p.l2_out + (size_t)p.route[t * p.top_k + j] * p.hidden
+                                          : p.combine + ((size_t)j * p.max_tokens + t) * p.hidden;
+}
+
 // uf_combine_reduce: token t (< tokens); its channels over `threads` threads (this one is
-// `thread`), 8 at a time. (Each chunk already loads its k slots at once.)
+// `thread`; the lanes of a warp share the token), 8 at a time, each slot added in order. Lane j
+// finds slot j's source once (two dependent loads) and the warp reads it by shuffle: per chunk of
+// channels, kLoads slots' rows are loaded at once, none waits on an index.
+template <int kLoads = 4>
 __device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& p, int t, int thread, int threads) {
-  for (int c = thread * 8; c < p.hidden; c += threads * 8) {
+  const int lane = thread % 32;
+  const u16* mine = lane < p.top_k ? combine_source(p, t, lane) : nullptr;
+  for (int c0 = 0; c0 < p.hidden; c0 += threads * 8) {  // uniform over the warp: the shuffles need every lane
+    const int c = c0 + thread * 8;
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-    for (int j = 0; j < p.top_k; ++j) {
-      const int e = p.topk_idx[t * p.top_k + j];
-      if (e < 0) continue;
-      // A slot this rank's experts computed is still in its pool; the others were sent here.
-      const u16* src = e / p.experts_per_rank == p.rank
-                           ? p.l2_out + (size_t)p.route[t * p.top_k + j] * p.hidden
-                           : p.combine + ((size_t)j * p.max_tokens + t) * p.hidden;
-      const uint4 v = *reinterpret_cast<const uint4*>(src + c);
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
+    for (int j0 = 0; j0 < p.top_k; j0 += 32) {
+      // Slots j0 .. j0 + 31 (beyond the first 32, found again per chunk: no model routes that many).
+      const u16* block = j0 == 0 ? mine : lane + j0 < p.top_k ? combine_source(p, t, lane + j0) : nullptr;
+      const int n = min(32, p.top_k - j0);
+      for (int j = 0; j < n; j += kLoads) {
+        uint4 v[kLoads];
+        bool has[kLoads];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[2 * i] = __fadd_rn(acc[2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
-        acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
+        for (int q = 0; q < kLoads; ++q) {
+          const u16* src = reinterpret_cast<const u16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(block), (j + q) % 32));
+          has[q] = j + q < n && src != nullptr && c < p.hidden;
+          if (has[q]) v[q] = *reinterpret_cast<const uint4*>(src + c);
+        }
+#pragma unroll
+        for (int q = 0; q < kLoads; ++q) {
+          if (!has[q]) continue;
+          const u32 w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc[2 * i] = __fadd_rn(acc[2 * i], bf16_to_f32((u16)(w[i] & 0xffffu)));
+            acc[2 * i + 1] = __fadd_rn(acc[2 * i + 1], bf16_to_f32((u16)(w[i] >> 16)));
+          }
+        }
       }
     }
+    if (c >= p.hidden) continue;
     u32 out[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = (u32)bf16_rn(acc[2 * i]) | ((u32)bf16_rn(acc[2 * i + 1]) << 16);
