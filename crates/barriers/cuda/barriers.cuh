@@ -35,6 +35,7 @@ constexpr u64 kErrorWaitMax = (1ull << 20) - 1;
 constexpr u64 kErrorKindLocalTimeout = 2;
 constexpr u32 kErrorLocalWaitShift = 52;
 constexpr u32 kLocalWaitSplitTail = 1;  // the grouped GEMM's split-tail hand-over (megamoe-kernel)
+constexpr u32 kLocalWaitRowArrivals = 2;  // the fused L2 GEMM's wait for its rows' L1 tiles (megamoe-kernel)
 
 __device__ __forceinline__ u64 error_wait_field(u64 waited_ns) {
     const u64 wait = waited_ns >> kErrorWaitUnitLog2;

@@ -15,6 +15,8 @@ pub const ERROR_RANK_SHIFT: u32 = 52;
 pub const ERROR_LOCAL_WAIT_SHIFT: u32 = 52;
 /// Local wait code of [`LocalWait::SplitTailHandOver`].
 pub const ERROR_LOCAL_WAIT_SPLIT_TAIL: u64 = 1;
+/// Local wait code of [`LocalWait::RowArrivals`].
+pub const ERROR_LOCAL_WAIT_ROW_ARRIVALS: u64 = 2;
 /// Bits 51..32: how long the barrier waited, in units of 2^[`ERROR_WAIT_UNIT_LOG2`] ns, saturating.
 pub const ERROR_WAIT_SHIFT: u32 = 32;
 /// The wait is stored in units of 2^20 ns (about 1.05 ms): the device divides with a shift.
@@ -28,6 +30,9 @@ pub enum LocalWait {
     /// The grouped GEMM's split-tail hand-over (megamoe-kernel's `sm90_moe_gemm.cuh`): a tile's
     /// head waits for a later part's FP32 sums from another CTA; the detail is the hand-over slot.
     SplitTailHandOver,
+    /// The fused forward's L2 GEMM (megamoe-kernel's `sm90_mega_moe.cuh`): a tile's producer waits
+    /// until every L1 tile of its pool rows has stored them; the detail is the tile's first row.
+    RowArrivals,
 }
 
 impl LocalWait {
@@ -35,6 +40,7 @@ impl LocalWait {
     pub fn from_code(code: u64) -> Option<Self> {
         match code {
             ERROR_LOCAL_WAIT_SPLIT_TAIL => Some(Self::SplitTailHandOver),
+            ERROR_LOCAL_WAIT_ROW_ARRIVALS => Some(Self::RowArrivals),
             _ => None,
         }
     }
@@ -44,6 +50,7 @@ impl std::fmt::Display for LocalWait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::SplitTailHandOver => "the GEMM's split-tail hand-over of slot",
+            Self::RowArrivals => "the L2 GEMM's wait for the L1 tiles of pool row",
         })
     }
 }

@@ -13,19 +13,20 @@
 //   4. dispatch  pairs over the grid: each token's row into its owner's L1 pool (peer stores);
 //                the ranks meet;
 //   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
-//                consumer warpgroups), its epilogue SwiGLU + clamp + top-k weight +
-//                re-quantization into the L2 pool (sm90_swiglu.cuh); grid barrier;
-//   6. L2        the grouped GEMM's roles over the L2 pool, BF16 l2_out; grid barrier;
+//                consumer warpgroups, the epilogue warps), its epilogue SwiGLU + clamp + top-k
+//                weight + re-quantization into the L2 pool (sm90_swiglu.cuh), each tile counted
+//                at its rows once stored (arrival counters);
+//   6. L2        the grouped GEMM's roles over the L2 pool, each tile's loads once its rows'
+//                count says every L1 tile of them is stored: a CTA goes on from its L1 tiles to
+//                L2's while others still run L1; BF16 l2_out; grid barrier;
 //   7. combine   pool rows of other ranks' tokens into their combine buffers (peer stores); the
 //                ranks meet; tokens over the grid: the top-k sum into y.
 //
-// Between stages a grid barrier (barriers.cuh: one word, never reset) orders every CTA's writes
-// before every CTA's reads; stages that hand data to the TMA (the pools) or take it from the TMA
-// (l2_out) also cross the async proxy (publish_to_tma). The cross-rank meetings time out
-// into the barrier's error word; every CTA then leaves the kernel. The workspace is left ready for
-// the next call: the GEMMs' tickets and hand-over flags return to 0, the barrier words run on.
-// Stage boundaries are whole-grid barriers here; the arrival counters that let a block start as
-// soon as its inputs exist replace them stage by stage, inside this same launch.
+// Between the other stages a grid barrier (barriers.cuh: one word, never reset) orders every CTA's
+// writes before every CTA's reads; stages that hand data to the TMA (the pools) or take it from the
+// TMA (l2_out) also cross the async proxy (publish_to_tma). The cross-rank meetings time out into
+// the barrier's error word; every CTA then leaves the kernel. The workspace is left ready for the
+// next call: the GEMMs' tickets, hand-over flags and row counts return to 0, the barrier words run on.
 #pragma once
 
 #include "barriers.cuh"
@@ -66,8 +67,10 @@ struct MegaParams {
   // nothing but meet the other ranks.
   const int* tokens_dev;
   int num_ranks, tokens;
+  int row_granules;  // counters of swiglu.row_arrivals (= l2.row_arrivals): pool rows / 16
+  int pad_;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 88 + 56 + 40 + 64 + 32 + 2 * 112 + 32, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 88 + 64 + 40 + 64 + 32 + 2 * 120 + 40, "MegaParams layout");
 
 // The plan error word's kind for a device T outside 0..max (error[1]: that T).
 constexpr u64 kPlanErrorTokens = 4;
@@ -133,19 +136,16 @@ template <int kCtasPerSm>
 constexpr int kGlueUnroll = kCtasPerSm == 1 ? 4 : 2;
 
 // The grouped GEMM of one layer: set up, its roles over this rank's pool with the layer's epilogue,
-// back to one thread group with every barrier of its ring invalidated, its output published to the
-// grid. The shared memory's aligned base is found afresh: nothing is held across the other layer's
-// roles.
+// back to one thread group with every barrier of its ring invalidated. The shared memory's aligned
+// base is found afresh: nothing is held across the other layer's roles.
 template <class Layer, class Epilogue>
-__device__ __forceinline__ void gemm_layer(const MegaParams& p, const GemmParams& layer, const void* act_map,
-                                           const void* out_map, const Epilogue& epi) {
+__device__ __forceinline__ void gemm_layer(const GemmParams& layer, const void* act_map, const void* out_map,
+                                           const Epilogue& epi) {
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = sm90::align_smem(smem_raw);
   Layer::setup(smem);
   Layer::roles(layer, act_map, out_map, epi, smem);
   Layer::rejoin(smem);
-  publish_to_tma();
-  barriers::grid_barrier(p.grid_word);
 }
 
 
@@ -227,13 +227,19 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   if (!meet_ranks(p)) return;
   stamp(p, 3);
 
-  // 5. L1 with SwiGLU, 6. L2, 7a. combine send.
+  // 5. L1 with SwiGLU, 6. L2 (each L2 tile once its rows' L1 tiles are stored: no barrier between
+  // the layers, a CTA done with its L1 tiles goes on to L2's), grid barrier (l2_out is whole; the
+  // row counts go back to 0 for the next forward), 7a. combine send.
   if (planned(p)) {
     publish_to_tma();
-    gemm_layer<L1>(p, p.l1, l1_act_map, nullptr, swiglu::SwigluOut<G, L2::kFp8Route>{p.swiglu});
+    gemm_layer<L1>(p.l1, l1_act_map, nullptr, swiglu::SwigluOut<G, L2::kFp8Route>{p.swiglu});
     stamp(p, 4);
-    gemm_layer<L2>(p, p.l2, l2_act_map, l2_out_map, gemm::Bf16Out{});
+    gemm_layer<L2>(p.l2, l2_act_map, l2_out_map, gemm::Bf16Out{});
+    publish_to_tma();
+    barriers::grid_barrier(p.grid_word);
     stamp(p, 5);
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < p.row_granules; i += gridDim.x * kThreads)
+      p.swiglu.row_arrivals[i] = 0;
     if (p.num_ranks > 1) combine_send<kUnroll>(p);
   }
   // The ranks meet: every combine buffer holds its rows. 7b. the top-k sums.

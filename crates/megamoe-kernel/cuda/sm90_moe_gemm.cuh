@@ -89,7 +89,7 @@ struct GemmParams {
   float* partials;
   u32* partial_ready;
   int split_parts;  // split tail: parts of K per split item (1: no split)
-  int pad_;
+  int arrivals_needed;  // with row_arrivals: the count at which a tile's activation rows are whole
   // Dynamic schedule (one-CTA clusters; null: the static one): [0] the next item of the launch,
   // drawn by each CTA's producer when it needs one; [1] CTAs done drawing. Both 0 between launches:
   // the last CTA to finish drawing resets them.
@@ -101,8 +101,13 @@ struct GemmParams {
   // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
   // stream is synchronized; it is never reset.
   unsigned long long* error;
+  // Optional (null: the activations are whole at launch): per 16 pool rows (POOL_ROW_ALIGN), how
+  // many tiles of the layer before have stored them (the fused forward's L1 epilogue counts, with
+  // release); a tile's first load waits until its rows' count reaches arrivals_needed (longer than
+  // kSplitTailTimeoutNs: a timeout in `error`, and the tile goes on).
+  const u32* row_arrivals;
 };
-static_assert(sizeof(GemmParams) == 112, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+static_assert(sizeof(GemmParams) == 120, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
 // How long a split tail's head waits for a later part before it gives up: far beyond any launch
 // (milliseconds), short enough that a lost part fails a forward within seconds.
@@ -786,6 +791,27 @@ struct Producer {
     if (lane == 0) *(int*)(smem + L::kItemsAt) = items;
   }
 
+  // Until the tiles of the layer before have stored rows row0 .. (their 16-row granule's count),
+  // then the async proxy (the TMA) sees what they stored. The wait itself is a call of its own:
+  // inlined, its clock cost the producer's few registers (ptxas spilled).
+  __device__ __forceinline__ static void wait_row_arrivals(const GemmParams& p, int row0) {
+    const u32* count = p.row_arrivals + row0 / 16;
+    if (ld_acquire_gpu(count) < (u32)p.arrivals_needed) poll_row_arrivals(p, count, row0);
+    fence_proxy_async_global();
+  }
+  // Gives up after kSplitTailTimeoutNs into the error word, as the split tail's wait.
+  __device__ __noinline__ static void poll_row_arrivals(const GemmParams& p, const u32* count, int row0) {
+    const unsigned long long start = barriers::ptx::globaltimer();
+    while (ld_acquire_gpu(count) < (u32)p.arrivals_needed) {
+      const unsigned long long waited = barriers::ptx::globaltimer() - start;
+      if (waited > kSplitTailTimeoutNs) {
+        barriers::ptx::atom_cas_relaxed_gpu(
+            p.error, 0, barriers::encode_local_timeout(barriers::kLocalWaitRowArrivals, (u32)row0, waited));
+        return;
+      }
+    }
+  }
+
   // Thread 0 of warpgroup 0; `rank` in the cluster.
   __device__ __forceinline__ static void run(const GemmParams& p, const void* act_map, u8* smem, u32 rank) {
     u64* full = (u64*)(smem + L::kFullAt);
@@ -799,6 +825,7 @@ struct Producer {
     int n = 0;
     for (; walker.unit(n, rank, u); ++n) {
       const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
+      if (p.row_arrivals) wait_row_arrivals(p, row0);
       const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
       // The unit's descriptor goes out before the arrive that completes its first stage.
       mbar_wait(&empty[stage], phase ^ 1);

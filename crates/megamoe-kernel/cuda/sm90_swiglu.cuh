@@ -47,8 +47,12 @@ struct SwigluParams {
   float* spill;
   int inter, sf_stride, has_clamp;
   float clamp;
+  // Optional (null: the launch's end publishes the pool): per 16 pool rows, the tiles that have
+  // stored them, counted with release once a tile's rows are out (the fused forward's L2 waits on
+  // them: GemmParams::row_arrivals).
+  u32* row_arrivals;
 };
-static_assert(sizeof(SwigluParams) == 56, "SwigluParams layout (megamoe-kernel/src/epilogue.rs)");
+static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout (megamoe-kernel/src/epilogue.rs)");
 
 // Floats of one CTA's spill slot for BN-token tiles: the even tile's h.
 template <int BN>
@@ -260,7 +264,18 @@ struct SwigluOut {
         if constexpr (kFp8Pool) s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + row0 + tau] = (u8)e0;
       }
       sm90::mbar_arrive((u64*)(smem + L::kHandoffEmptyAt));  // the box is the consumers' again
+      if (s.row_arrivals && ch0 < s.inter) count_rows<kThreads>(row0);
     }
+  }
+
+  // Every epilogue thread, after its stores of a tile: the tile counts at its rows' first 16-row
+  // granule (their count reaches the layer's tiles per row block once all are out), published to
+  // the async proxy that reads them.
+  template <int kThreads>
+  __device__ __forceinline__ void count_rows(int row0) const {
+    sm90::fence_proxy_async_global();
+    sm90::named_bar_sync<3, kThreads>();  // the epilogue warps: every thread's stores are done
+    if (sm90::fresh_tid_x() == 128 - kThreads) sm90::red_add_release_gpu(s.row_arrivals + row0 / 16, 1);
   }
 
   // h of a pool word's channels ch .. ch + kWordChannels - 1 of a token: from its row of the box,

@@ -71,9 +71,10 @@ pub(crate) struct SwigluParams {
     pub(crate) sf_stride: i32,
     pub(crate) has_clamp: i32,
     pub(crate) clamp: f32,
+    pub(crate) row_arrivals: u64,
 }
 
-const _: () = assert!(size_of::<SwigluParams>() == 56);
+const _: () = assert!(size_of::<SwigluParams>() == 64);
 
 /// Where an L1 GEMM with the SwiGLU epilogue reads its rows' top-k weights and writes the L2 pool,
 /// as device addresses of its GPU: the pool's rows are the L1 pool's.
@@ -95,7 +96,8 @@ pub struct SwigluOut {
 
 impl SwigluOut {
     /// The kernel's parameters, with `spill` the launch's spill slots (0 where it has none).
-    pub(crate) fn params(&self, spill: u64) -> SwigluParams {
+    /// `row_arrivals`: the fused forward's counts of stored tiles per 16 pool rows (0: none).
+    pub(crate) fn params(&self, spill: u64, row_arrivals: u64) -> SwigluParams {
         SwigluParams {
             meta: self.meta,
             silu: self.silu,
@@ -106,6 +108,7 @@ impl SwigluOut {
             sf_stride: self.sf_stride as i32,
             has_clamp: i32::from(self.clamp.is_some()),
             clamp: self.clamp.unwrap_or(0.0),
+            row_arrivals,
         }
     }
 }

@@ -54,9 +54,11 @@ struct MegaParams {
     tokens_dev: u64,
     num_ranks: i32,
     tokens: i32,
+    row_granules: i32,
+    pad_: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 712);
+const _: () = assert!(size_of::<MegaParams>() == 744);
 
 /// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
 /// same for any binding): device addresses on the pipeline's GPU of `x` (E4M3 `[T][H]`), `x_sf`
@@ -187,8 +189,12 @@ pub struct FusedCore {
     /// The GEMM layers' split-tail hand-overs (as [`crate::GemmCore`]'s), sized for the grid.
     partials: CudaSlice<f32>,
     partial_ready: CudaSlice<u32>,
-    /// The GEMM layers' dynamic schedule: next item, CTAs done drawing.
+    /// The GEMM layers' dynamic schedules: next item, CTAs done drawing; the L1's, then the L2's
+    /// (the layers run at once: a CTA draws L2 tiles while others still draw L1's).
     tickets: CudaSlice<u32>,
+    /// Per 16 pool rows, the L1 tiles that have stored them (`SwigluParams::row_arrivals`): an
+    /// L2 tile loads its rows once all have; zero between launches.
+    row_arrivals: CudaSlice<u32>,
     /// The L1's SwiGLU epilogue's pairs: a slot per CTA (as [`crate::GemmCore`]'s); empty without.
     spill: CudaSlice<f32>,
     /// The error word the GEMM layers' in-kernel waits record into (never reset).
@@ -200,11 +206,13 @@ pub struct FusedCore {
 }
 
 impl FusedCore {
+    /// `pool_rows`: the rows of the pools the launches run on (their row counts' extent).
     pub fn new(
         gpu: &Gpu,
         jit: &Jit,
         recipe: Recipe,
         plans: [TilePlan; 2],
+        pool_rows: usize,
     ) -> Result<Self, UnfusedError> {
         let spec = fused_spec(recipe, plans)?;
         let compiled = jit.compile(&spec, Arch::Sm90a)?;
@@ -239,7 +247,8 @@ impl FusedCore {
             smem_bytes,
             partials: gpu.alloc_zeros(hand_overs * split_tile)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
-            tickets: gpu.alloc_zeros(2)?,
+            tickets: gpu.alloc_zeros(4)?,
+            row_arrivals: gpu.alloc_zeros(pool_rows.div_ceil(POOL_ROW_ALIGN))?,
             spill: gpu.alloc_zeros(if l1.epilogue.pairs() {
                 grid as usize * spill_floats(l1.tokens_per_tile)
             } else {
@@ -310,7 +319,8 @@ impl Pipeline {
                 tokens_per_tile,
                 [self.w1.fold, self.w2.fold],
             )?;
-            let mut core = FusedCore::new(gpu, jit, self.shape.recipe, plans)?;
+            let mut core =
+                FusedCore::new(gpu, jit, self.shape.recipe, plans, self.shape.pool_rows)?;
             let launch = self.fused_launch(gpu.stream(), &mut core)?;
             self.fused.push(PreparedFused { core, launch });
         }
@@ -486,33 +496,42 @@ impl Pipeline {
         let tickets = core.tickets.device_ptr_mut(stream).0;
         let gemm_error = core.error.device_ptr_mut(stream).0;
         let spill = core.spill.device_ptr_mut(stream).0;
-        let layer = |plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| GemmParams {
-            w_codes: w.codes.device_ptr(stream).0,
-            w_meta: w.meta.device_ptr(stream).0,
-            act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
-            out,
-            expert_offset,
-            expert_rows,
-            num_experts: el as i32,
-            n_out: w.n as i32,
-            k: w.k as i32,
-            sf_stride: s.sf_stride() as i32,
-            partials,
-            partial_ready,
-            split_parts: if plan.splits_tail() {
-                plan.split_parts as i32
-            } else {
-                1
-            },
-            pad_: 0,
-            tickets: if plan.schedules_dynamically() {
-                tickets
-            } else {
-                0
-            },
-            timeline: 0,
-            error: gemm_error,
-        };
+        let row_arrivals = core.row_arrivals.device_ptr_mut(stream).0;
+        let row_granules = core.row_arrivals.len() as i32;
+        // The L1's tiles per block of rows: the count at which an L2 tile's rows are whole.
+        let l1_tiles_per_rows = (self.w1.n / TILE_ROWS) as i32;
+        // `layer`: 0 for L1, 1 for L2 (its own tickets; it waits on the L1's row counts).
+        let layer =
+            |layer: usize, plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| {
+                GemmParams {
+                    w_codes: w.codes.device_ptr(stream).0,
+                    w_meta: w.meta.device_ptr(stream).0,
+                    act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
+                    out,
+                    expert_offset,
+                    expert_rows,
+                    num_experts: el as i32,
+                    n_out: w.n as i32,
+                    k: w.k as i32,
+                    sf_stride: s.sf_stride() as i32,
+                    partials,
+                    partial_ready,
+                    split_parts: if plan.splits_tail() {
+                        plan.split_parts as i32
+                    } else {
+                        1
+                    },
+                    arrivals_needed: if layer == 1 { l1_tiles_per_rows } else { 0 },
+                    tickets: if plan.schedules_dynamically() {
+                        tickets + (layer * 2 * size_of::<u32>()) as u64
+                    } else {
+                        0
+                    },
+                    timeline: 0,
+                    error: gemm_error,
+                    row_arrivals: if layer == 1 { row_arrivals } else { 0 },
+                }
+            };
         let params = MegaParams {
             count: CountParams {
                 topk_idx: 0,
@@ -568,7 +587,7 @@ impl Pipeline {
                 // Rows go straight into their owners' pools: the unstaging would be a stage more.
                 staged: 0,
             },
-            swiglu: swiglu.params(spill),
+            swiglu: swiglu.params(spill, row_arrivals),
             combine_send: CombineSendParams {
                 l2_out,
                 meta: own.meta,
@@ -597,13 +616,15 @@ impl Pipeline {
                 error_word: self.error_words.slice(0..1).device_ptr(stream).0,
                 timeout_ns: 0,
             },
-            l1: layer(p1, &self.w1, own.l1_sf, 0),
-            l2: layer(p2, &self.w2, l2_sf, l2_out),
+            l1: layer(0, p1, &self.w1, own.l1_sf, 0),
+            l2: layer(1, p2, &self.w2, l2_sf, l2_out),
             grid_word: core.grid_word.device_ptr_mut(stream).0,
             stage_clock: 0,
             tokens_dev: 0,
             num_ranks: s.num_ranks as i32,
             tokens: 0,
+            row_granules,
+            pad_: 0,
         };
         // The maps cover every row of the pools; a tile past its expert's rows reads rows whose
         // results are never stored.

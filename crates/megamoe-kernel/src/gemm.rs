@@ -705,13 +705,14 @@ pub(crate) struct GemmParams {
     pub(crate) partials: u64,
     pub(crate) partial_ready: u64,
     pub(crate) split_parts: i32,
-    pub(crate) pad_: i32,
+    pub(crate) arrivals_needed: i32,
     pub(crate) tickets: u64,
     pub(crate) timeline: u64,
     pub(crate) error: u64,
+    pub(crate) row_arrivals: u64,
 }
 
-const _: () = assert!(size_of::<GemmParams>() == 112);
+const _: () = assert!(size_of::<GemmParams>() == 120);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -1006,7 +1007,7 @@ impl GemmCore {
             Output::Swiglu(out) => (
                 0,
                 None,
-                Some(out.params(self.spill.device_ptr_mut(stream).0)),
+                Some(out.params(self.spill.device_ptr_mut(stream).0, 0)),
             ),
         };
         let [map, out_map] =
@@ -1040,10 +1041,11 @@ impl GemmCore {
             } else {
                 1
             },
-            pad_: 0,
+            arrivals_needed: 0,
             tickets,
             timeline,
             error,
+            row_arrivals: 0,
         };
         let mut config = LaunchConfig::linear(self.grid, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32)
