@@ -604,6 +604,17 @@ impl Pipeline {
         Ok(pipeline)
     }
 
+    /// After a cross-rank meeting timed out (the ranks' barrier epochs are out of step: every
+    /// later meeting gives up at once): this rank's signals and error words back to 0, as a new
+    /// pipeline's. Collective in effect: every rank resets once every rank's stream is done (no
+    /// kernel of any rank still writes into this buffer), and none launches before all have.
+    pub fn reset_barriers(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
+        self.fill_own(gpu, self.layout.signals, 0)?;
+        gpu.memset(&mut self.error_words, 0)?;
+        gpu.synchronize()?;
+        Ok(())
+    }
+
     /// The regions of this rank's own symmetric buffer.
     pub(crate) fn own(&self) -> PeerAddresses {
         self.layout.addresses(self.base)

@@ -395,6 +395,26 @@ impl CudaRank {
         self.stage_marks = on;
     }
 
+    /// How long a device meeting of the ranks waits for a missing rank before the forward gives
+    /// up into its error word (every rank of the world sets the same; default
+    /// `barriers::DEFAULT_TIMEOUT`).
+    pub fn set_barrier_timeout(&mut self, timeout: Duration) {
+        self.pipe.set_barrier_timeout(timeout);
+    }
+
+    /// Collective, after a forward failed with a rank missing (`BarrierError::RankTimeout`): the
+    /// ranks' device meetings start afresh, so the next forward works. Every rank calls it once
+    /// its own stream is done; the ranks meet on the host before and after each resets its
+    /// barrier words.
+    pub fn recover(&mut self) -> Result<(), CudaError> {
+        let gpu = self.world.local_gpu();
+        gpu.synchronize()?;
+        self.world.barrier()?;
+        self.pipe.reset_barriers(gpu)?;
+        self.world.barrier()?;
+        Ok(())
+    }
+
     /// Which kernels the next forwards run (every rank of the world sets the same).
     pub fn set_path(&mut self, path: ForwardPath) {
         self.path = path;

@@ -5,7 +5,8 @@
 //! different inputs and T to the eager forward's bits; a device T above the captured bound is
 //! refused through the error word, and the next replay works. After warm-up no forward allocates
 //! device memory: the count of the rank's GPU handle stands still across device forwards at
-//! several T, graph replays and host forwards on both paths.
+//! several T, graph replays and host forwards on both paths. A rank that never launches its
+//! forward leaves the others with the timeout naming it; after `recover` the next forward works.
 
 use std::time::{Duration, Instant};
 
@@ -263,4 +264,66 @@ fn forwards_allocate_no_device_memory_after_warm_up() {
         ..Config::deepseek_v4_flash()
     };
     allocation_free_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+}
+
+/// A rank that never launches its forward: with two ranks sharing the GPU, rank 1 skips one
+/// device forward; rank 0's forward comes back (within a few timeouts, no hang) with the timeout
+/// naming rank 1 at its first device meeting. After `recover` on both ranks, the next forward of
+/// both is bit for bit their first one's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_rank_that_never_launches_times_out_and_the_next_forward_works() {
+    let config = Config::tiny().with_recipe(Recipe::G128).with_ranks(2);
+    let routes = Routes::both(Mma::Fp8);
+    let tokens = 64;
+    let p = generated_problem(config, tokens, 113, 0.1);
+    let timeout = Duration::from_millis(300);
+    run_local(Placement::one_gpu(2), |world| {
+        let r = world.rank();
+        let mut rank = CudaRank::new(world.clone(), &config, tokens, routes, &p.weights[r])?;
+        rank.set_barrier_timeout(timeout);
+        rank.warm_up_fused()?;
+        let stream = driver(
+            "new_stream",
+            world.local_gpu().stream().context().new_stream(),
+        )?;
+        let mut dev = DeviceBatch::new(&stream, &config, tokens)?;
+        dev.upload(&p.inputs[r])?;
+        let forward = |rank: &mut CudaRank| -> Result<Duration, CudaError> {
+            let clock = Instant::now();
+            // SAFETY: the buffers hold this rank's inputs on its GPU and live past the sync.
+            unsafe { rank.forward_device(&stream, &dev.io(false))? };
+            driver("synchronize", stream.synchronize())?;
+            Ok(clock.elapsed())
+        };
+
+        forward(&mut rank)?;
+        rank.check_device_forward()?;
+        let first = dev.y()?;
+
+        world.barrier()?;
+        if r == 0 {
+            let waited = forward(&mut rank)?;
+            let err = rank
+                .check_device_forward()
+                .expect_err("rank 1 never launched");
+            eprintln!("rank 0, alone, after {waited:?}: {err}");
+            assert!(err.to_string().contains("rank 1 had not reached"), "{err}");
+            assert!(
+                waited >= timeout && waited < 10 * timeout,
+                "waited {waited:?}"
+            );
+        }
+
+        rank.recover()?;
+        forward(&mut rank)?;
+        rank.check_device_forward()?;
+        assert_eq!(
+            same_bits(&dev.y()?, &first),
+            0,
+            "rank {r}: the forward after recovering differs from the first"
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e:?}"));
 }
