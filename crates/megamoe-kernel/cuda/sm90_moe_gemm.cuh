@@ -1118,17 +1118,12 @@ struct Gemm {
     if constexpr (kCluster > 1) cluster_sync();
   }
 
-  // Every thread of the CTA, after roles: back at kLaunchRegs, every barrier of the ring
-  // invalidated. One branch for both directions: ptxas then knows every warpgroup leaves at
-  // kLaunchRegs (after two separate tests it held the code that follows to the producer's count,
-  // and the fused kernel's glue after the GEMMs spilled at 56 registers). The producer warpgroup's
-  // increase waits until the consumers' decrease has given the registers back.
+  // Every thread of the CTA, after roles: back at kLaunchRegs (the consumers give theirs back
+  // before the producer warpgroup asks), every barrier of the ring invalidated.
   __device__ __forceinline__ static void rejoin(u8* smem) {
-    if (threadIdx.x < 128) {
-      setmaxnreg_inc<kLaunchRegs>();
-    } else {
-      setmaxnreg_dec<kLaunchRegs>();
-    }
+    if (threadIdx.x >= 128) setmaxnreg_dec<kLaunchRegs>();
+    __syncthreads();
+    if (threadIdx.x < 128) setmaxnreg_inc<kLaunchRegs>();
     if (threadIdx.x == 0) {
       for (int s = 0; s < 3 * L::kStages; ++s) mbar_inval((u64*)(smem + L::kFullAt) + s);
       if constexpr (kHandoff) {
