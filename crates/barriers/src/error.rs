@@ -126,6 +126,7 @@ mod tests {
     fn decodes_each_timeout_field_by_field() {
         let rank_timeout = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
         let local_timeout = (2u64 << 60) | (1 << 52) | (4768 << 32) | 42;
+        let row_wait = (2u64 << 60) | (2 << 52) | (4768 << 32) | 4096;
         for (word, decoded, in_message) in [
             (
                 rank_timeout,
@@ -144,6 +145,15 @@ mod tests {
                     waited_ns: 4768 << 20,
                 },
                 ["split-tail hand-over of slot 42", "4999.6 ms"],
+            ),
+            (
+                row_wait,
+                BarrierError::LocalTimeout {
+                    wait: LocalWait::RowArrivals,
+                    detail: 4096,
+                    waited_ns: 4768 << 20,
+                },
+                ["L1 tiles of pool row 4096", "4999.6 ms"],
             ),
         ] {
             assert_eq!(check_error_word(word), Err(decoded));
