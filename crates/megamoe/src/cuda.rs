@@ -166,6 +166,14 @@ pub enum CudaError {
         #[source]
         source: Box<CudaError>,
     },
+    /// Several ranks of a local world failed, each its own way (a rank waiting at a device
+    /// meeting names the missing rank; that rank's own error says why it was missing).
+    #[error(
+        "{} ranks failed:\n{}",
+        failures.len(),
+        failures.iter().map(|e| format!("  {e}\n")).collect::<String>()
+    )]
+    Ranks { failures: Vec<CudaError> },
     #[error("rank {rank} refused its inputs (see its error); rank {me} stops too")]
     PeerFailed { rank: usize, me: usize },
     #[error("exchange: {0}")]
@@ -802,7 +810,8 @@ fn on_rank<T>(
 }
 
 /// Runs `f` on every rank of a local world placed as `placement` says, one thread each; results
-/// by rank. Refused with [`CudaError::Placement`] when fewer GPUs are present.
+/// by rank. Refused with [`CudaError::Placement`] when fewer GPUs are present; when several ranks
+/// fail, [`CudaError::Ranks`] keeps every rank's error.
 pub fn run_local<T: Send>(
     placement: Placement,
     f: impl Fn(&Arc<World>) -> Result<T, CudaError> + Sync,
@@ -822,7 +831,19 @@ pub fn run_local<T: Send>(
             .map(|h| h.join().expect("a rank thread panicked"))
             .collect()
     });
-    results.into_iter().collect()
+    let mut failures = Vec::new();
+    let mut outputs = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            Ok(out) => outputs.push(out),
+            Err(e) => failures.push(e),
+        }
+    }
+    match failures.len() {
+        0 => Ok(outputs),
+        1 => Err(failures.remove(0)),
+        _ => Err(CudaError::Ranks { failures }),
+    }
 }
 
 /// Runs `f` as this process's rank of a process world ([`World::from_env`]: torchrun's variables,
@@ -909,6 +930,28 @@ pub fn forward_timed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_failed_local_rank_is_named() {
+        let failures = vec![
+            CudaError::Rank {
+                rank: 0,
+                source: Box::new(CudaError::Exchange("rank 2 missing at the meeting".into())),
+            },
+            CudaError::Rank {
+                rank: 2,
+                source: Box::new(CudaError::Exchange("its GEMM's wait gave up".into())),
+            },
+        ];
+        let message = CudaError::Ranks { failures }.to_string();
+        assert!(message.starts_with("2 ranks failed"), "{message}");
+        for part in [
+            "rank 0: exchange: rank 2 missing",
+            "rank 2: exchange: its GEMM's wait",
+        ] {
+            assert!(message.contains(part), "{message}");
+        }
+    }
 
     #[test]
     fn failed_rank_processes_are_named_with_their_output() {
