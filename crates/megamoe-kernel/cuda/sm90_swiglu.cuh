@@ -13,11 +13,11 @@
 //              BF16 as one word into the hand-off box in shared memory, and go on to their next tile;
 //   epilogue   (SwigluOut::run, the producer warpgroup's free warps) take each box: per token, h of
 //              its 64 channels, the group exponents, E4M3 (or the BF16 pool's widened values) into
-//              the L2 pool as whole 8- or 16-byte pieces of the token's pool row.
+//              the L2 pool as 8-byte pieces of the token's pool row (two pool words each).
 // An activation group of G channels is half a tile (G = 32) or two tiles (G = 128): the GEMM walks
 // such tiles in pairs, both in one CTA, the even one first (Gemm's kPairs); the epilogue keeps the
 // first tile's h in the CTA's slot of `spill` (L2) and its exponent in a register, and stores both
-// tiles' pieces of a token (a whole 16-byte group of its pool row) with the second.
+// tiles' pieces of a token with the second.
 //
 // The bits are the contract's: h in f32 as the host computes it (SiLU from the table of every BF16
 // gate, products in the contract's order); a group's exponent is ceil-exponent(amax / 448), the
