@@ -14,7 +14,8 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 struct Event {
-  // %globaltimer ns: a tile's hand-out by the producer (its first load) .. the end of its epilogue.
+  // %globaltimer ns: a tile's hand-out by the producer (its first load) .. the consumers' end of it
+  // (their epilogue, or its hand-over to the epilogue warps).
   u64 start_ns, end_ns;
   u32 kind, sm;  // kind: the Timeline's tile_kind
   int expert;    // of this rank's

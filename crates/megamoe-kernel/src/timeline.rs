@@ -1,6 +1,7 @@
 //! What a kernel's CTAs did when, on request (`cuda/timeline.cuh`'s host twin): each CTA of a GEMM,
 //! alone or in the fused forward, appends an event per tile — from the producer's hand-out (its
-//! first load) to the end of its epilogue — to its own run of a device buffer;
+//! first load) to the consumers' end of it (their epilogue, or its hand-over to the epilogue
+//! warps) — to its own run of a device buffer;
 //! [`TimelineBuffers::read`] brings them back as a [`Timeline`], with the fused forward's stages
 //! (the grid's, from its stage clock), and [`Timeline::overlap`] says how the layers overlap. Off,
 //! the kernels pass a null timeline and each record is a branch not taken.
@@ -68,7 +69,8 @@ pub struct Event {
     /// A tile's CTA and SM; a stage is the whole grid's (between its meetings): none.
     pub cta: Option<u32>,
     pub sm: Option<u32>,
-    /// A tile: from its hand-out by the producer (its first load) to the end of its epilogue.
+    /// A tile: from its hand-out by the producer (its first load) to the consumers' end of it
+    /// (their epilogue, or its hand-over to the epilogue warps).
     pub start_ns: u64,
     pub end_ns: u64,
     /// A tile: its expert (of the rank's), first pool row, rows, first weight row, k128 blocks.
