@@ -24,8 +24,8 @@
 //
 // Between the other stages a grid barrier (barriers.cuh: one word, never reset) orders every CTA's
 // writes before every CTA's reads; stages that hand data to the TMA (the pools) or take it from the
-// TMA (l2_out) also cross the async proxy (publish_to_tma). The cross-rank meetings time out into
-// the barrier's error word; every CTA then leaves the kernel. The workspace is left ready for the
+// TMA (l2_out) also cross the async proxy (sm90::fence_proxy_async_global). The cross-rank meetings
+// time out into the barrier's error word; every CTA then leaves the kernel. The workspace is left ready for the
 // next call: the GEMMs' tickets, hand-over flags and row counts return to 0, the barrier words run on.
 #pragma once
 
@@ -91,9 +91,6 @@ __device__ __forceinline__ void stamp(const MegaParams& p, int i) {
   if (p.stage_clock && (sm90::fresh_ctaid_x() | sm90::fresh_tid_x()) == 0) p.stage_clock[i] = barriers::ptx::globaltimer();
 }
 
-// Writes this thread made with ordinary stores are seen by the TMA (async proxy) loads that follow
-// a barrier, and the TMA's stores by ordinary loads after one.
-__device__ __forceinline__ void publish_to_tma() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // Every CTA: after a stage whose writes other ranks read (and before one that reads theirs). One
 // rank: a grid barrier (nothing leaves the GPU before the kernel ends). Returns false, in every
@@ -167,7 +164,7 @@ __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   over_warps(route.pairs, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
     dispatch_pair<G, kL1Fp8Pool, kUnroll>(p.dispatch, pair, t, threads);
   });
-  publish_to_tma();
+  sm90::fence_proxy_async_global();
 }
 
 // 7a. combine send: pool rows of other ranks' tokens into their combine buffers.
@@ -231,11 +228,11 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   // the layers, a CTA done with its L1 tiles goes on to L2's), grid barrier (l2_out is whole; the
   // row counts go back to 0 for the next forward), 7a. combine send.
   if (planned(p)) {
-    publish_to_tma();
+    sm90::fence_proxy_async_global();
     gemm_layer<L1>(p.l1, l1_act_map, nullptr, swiglu::SwigluOut<G, L2::kFp8Route>{p.swiglu});
     stamp(p, 4);
     gemm_layer<L2>(p.l2, l2_act_map, l2_out_map, gemm::Bf16Out{});
-    publish_to_tma();
+    sm90::fence_proxy_async_global();
     barriers::grid_barrier(p.grid_word);
     stamp(p, 5);
     for (int i = blockIdx.x * kThreads + threadIdx.x; i < p.row_granules; i += gridDim.x * kThreads)

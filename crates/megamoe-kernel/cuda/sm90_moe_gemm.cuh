@@ -31,7 +31,7 @@
 // for them, adds them (head + part 1 + part 2 ...: a fixed order, results do not depend on timing)
 // and stores the tile. A head waits only for parts drawn before it, whose CTAs wait for nothing, and
 // every CTA of the grid is resident at once (the grid is the occupancy), so the wait ends; one that
-// does not end within kSplitTailTimeoutNs records a timeout in `error` (GemmParams).
+// does not end within kLocalWaitTimeoutNs records a timeout in `error` (GemmParams).
 // Narrow tiles: see kNarrowTiles in moe_gemm.
 // Epilogue (the kernel's choice; sm90_swiglu.cuh has the L1's SwiGLU): Bf16Out, BF16 rows of the tile's outputs; on the FP8 route with one CTA per SM each consumer
 // warpgroup turns its fragments into the tile's token rows of its 64 outputs in shared memory
@@ -97,21 +97,22 @@ struct GemmParams {
   // Optional (null: off): every tile's event (timeline.cuh), for the benchmarks' timelines.
   const timeline::Timeline* timeline;
   // The error word (barriers.cuh's format), 0 while no wait gave up: a split tail's head that waits
-  // longer than kSplitTailTimeoutNs records it here (the first one: compare-and-swap from 0) and goes
+  // longer than kLocalWaitTimeoutNs records it here (the first one: compare-and-swap from 0) and goes
   // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
   // stream is synchronized; it is never reset.
   unsigned long long* error;
   // Optional (null: the activations are whole at launch): per 16 pool rows (POOL_ROW_ALIGN), how
   // many tiles of the layer before have stored them (the fused forward's L1 epilogue counts, with
   // release); a tile's first load waits until its rows' count reaches arrivals_needed (longer than
-  // kSplitTailTimeoutNs: a timeout in `error`, and the tile goes on).
+  // kLocalWaitTimeoutNs: a timeout in `error`, and the tile goes on).
   const u32* row_arrivals;
 };
 static_assert(sizeof(GemmParams) == 120, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
-// How long a split tail's head waits for a later part before it gives up: far beyond any launch
-// (milliseconds), short enough that a lost part fails a forward within seconds.
-constexpr unsigned long long kSplitTailTimeoutNs = 5'000'000'000ull;
+// How long an in-kernel wait on another CTA (a split tail's head for a later part, the fused L2's
+// producer for its rows' L1 tiles) waits before it gives up: far beyond any launch (milliseconds),
+// short enough that a lost hand-over fails a forward within seconds.
+constexpr unsigned long long kLocalWaitTimeoutNs = 5'000'000'000ull;
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
@@ -572,7 +573,7 @@ struct Consumer {
   // been handed over in `slot`. The part was drawn a round of tickets earlier or more, so the wait is
   // normally over at once; it ends because the part's CTA waits for nothing and every CTA of the grid is
   // resident (GemmCore::new checks the occupancy), like the kernel's mbarrier waits. Should it not
-  // (a lost part), it gives up after kSplitTailTimeoutNs, records a timeout in `error` and goes on
+  // (a lost part), it gives up after kLocalWaitTimeoutNs, records a timeout in `error` and goes on
   // with the tile's sums void: no trap, whose path makes ptxas spill the main loop. The wait runs
   // before the main loop, where no accumulator is live, and keeps its clock in one register (32-bit
   // steps of the error word's 2^20 ns, read every poll): with a 64-bit start and a poll count as
@@ -583,7 +584,7 @@ struct Consumer {
     const u32 start = (u32)(barriers::ptx::globaltimer() >> kUnit);
     while (!__any_sync(0xffffffffu, ld_acquire_gpu(flag) != 0)) {
       const u32 waited = (u32)(barriers::ptx::globaltimer() >> kUnit) - start;
-      if (__any_sync(0xffffffffu, waited > (u32)(kSplitTailTimeoutNs >> kUnit))) {
+      if (__any_sync(0xffffffffu, waited > (u32)(kLocalWaitTimeoutNs >> kUnit))) {
         if (lane == 0) {
           const u64 word = barriers::encode_local_timeout(barriers::kLocalWaitSplitTail, (u32)slot, (u64)waited << kUnit);
           barriers::ptx::atom_cas_relaxed_gpu(error, 0, word);
@@ -799,12 +800,12 @@ struct Producer {
     if (ld_acquire_gpu(count) < (u32)p.arrivals_needed) poll_row_arrivals(p, count, row0);
     fence_proxy_async_global();
   }
-  // Gives up after kSplitTailTimeoutNs into the error word, as the split tail's wait.
+  // Gives up after kLocalWaitTimeoutNs into the error word.
   __device__ __noinline__ static void poll_row_arrivals(const GemmParams& p, const u32* count, int row0) {
     const unsigned long long start = barriers::ptx::globaltimer();
     while (ld_acquire_gpu(count) < (u32)p.arrivals_needed) {
       const unsigned long long waited = barriers::ptx::globaltimer() - start;
-      if (waited > kSplitTailTimeoutNs) {
+      if (waited > kLocalWaitTimeoutNs) {
         barriers::ptx::atom_cas_relaxed_gpu(
             p.error, 0, barriers::encode_local_timeout(barriers::kLocalWaitRowArrivals, (u32)row0, waited));
         return;

@@ -157,7 +157,7 @@ __device__ __forceinline__ void red_add_release_gpu(u32* p, u32 v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 // Writes this thread made with ordinary stores are seen by async-proxy (TMA, bulk copy) reads that
-// follow a release and acquire of them.
+// follow a barrier or a release and acquire of them, and the TMA's stores by ordinary loads after one.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 __device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

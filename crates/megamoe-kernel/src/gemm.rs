@@ -911,7 +911,7 @@ impl GemmCore {
     }
 
     /// After the stream is synchronized: whether a launch of this core gave up a wait (a split
-    /// tail's head whose later part did not arrive within the kernel's `kSplitTailTimeoutNs`),
+    /// tail's head whose later part did not arrive within the kernel's `kLocalWaitTimeoutNs`),
     /// named by the typed error; that launch's output is void. Reads one word; the core stays
     /// failed from then on (its hand-over flags may be out of step): build a new one.
     pub fn check_error(&self, gpu: &Gpu) -> Result<(), GemmError> {
