@@ -3,7 +3,9 @@
 //! epilogue → L2 GEMM → combine, one launch each, the plan on the host) or the fused kernel of
 //! `megamoe_kernel::fused` (one launch, the plan on the device); and the engine's device forward
 //! ([`CudaRank::forward_device`]: [`DeviceIo`] addresses, the caller's stream, no host
-//! synchronization; [`DeviceBatch`] holds a batch in device buffers). Ranks run on R local GPUs,
+//! synchronization; [`DeviceBatch`] holds a batch in device buffers; a rank missing from a device
+//! meeting fails the forward into its error word, and [`CudaRank::recover`] lets the next one
+//! run). Ranks run on R local GPUs,
 //! one per GPU or several sharing one ([`Placement`]), in either world of `symm_mem`:
 //!
 //! - **local** ([`run_local`], [`forward`]): one process, one thread per rank over

@@ -1,6 +1,7 @@
 //! `megamoe`: the MegaMoE facade: problem configs and presets ([`config`]), the in-memory
 //! problem with its validation ([`problem`]) and the handle that runs it, the CUDA backend (the
-//! unfused GPU pipeline on local GPUs, a rank per GPU as a thread or a process, [`cuda`]). What
+//! unfused GPU pipeline or the fused kernel on local GPUs, a rank per GPU or several sharing one,
+//! as threads or processes, [`cuda`]). What
 //! an application needs and nothing else: the problem files, the generator, the CPU reference
 //! (`megamoe-problems`), the CPU dataflow engine (`megamoe-dataflow`), the benchmark
 //! (`megamoe-bench`) and the `megamoe` CLI (`megamoe-cli`) are crates of their own.
