@@ -204,33 +204,47 @@ __device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, in
 
 // uf_plan: every owner's plan from the counts table (the host's PoolPlan::new): owner o's local
 // experts in order, each taking its sources' rows in rank order, each expert's first row aligned
-// to `row_align`. Thread o lays out owner o; every rank lays out every owner, so all ranks see a
-// capacity error alike; a rank that refused its routes (kCountRefused) makes every plan refuse, and
-// the tables are not written. All threads of one CTA.
+// to `row_align`. A warp lays out an owner, a lane an expert: an expert's first row is the
+// exclusive prefix sum of the aligned row counts before it (a warp scan per 32 experts), so the
+// counts' loads overlap instead of following one another. Every rank lays out every owner, so all
+// ranks see a capacity error alike; a rank that refused its routes (kCountRefused) makes every
+// plan refuse, and the tables are not written. All threads of one CTA (a multiple of 32).
 __device__ __forceinline__ void plan_pools(const PlanParams& p, int thread, int threads) {
   for (int src = thread; src < p.num_ranks; src += threads)
     if (p.counts[(size_t)src * p.num_experts] == kCountRefused && src != p.rank)
       record_plan_error(p.error, (kPlanErrorPeerRoutes << 60) | (u32)src, 0);
   __syncthreads();
   if (*reinterpret_cast<volatile u64*>(p.error) != 0) return;
-  const int el = p.num_experts / p.num_ranks;
-  for (int o = thread; o < p.num_ranks; o += threads) {
-    long long next = 0;
-    for (int x = 0; x < el; ++x) {
-      const int e = o * el + x;
-      long long rows = 0, mine = 0;
-      for (int src = 0; src < p.num_ranks; ++src) {
-        if (src == p.rank) mine = next + rows;
-        rows += p.counts[(size_t)src * p.num_experts + e];
+  const int el = p.num_experts / p.num_ranks, lane = thread % 32;
+  for (int o = thread / 32; o < p.num_ranks; o += threads / 32) {
+    long long next = 0;  // the owner's first free row after the experts laid out so far
+    for (int x0 = 0; x0 < el; x0 += 32) {
+      const int x = x0 + lane, e = o * el + x;
+      long long rows = 0, before_mine = 0;
+      if (x < el)
+        for (int src = 0; src < p.num_ranks; ++src) {
+          if (src == p.rank) before_mine = rows;
+          rows += p.counts[(size_t)src * p.num_experts + e];
+        }
+      const long long aligned = (rows + p.row_align - 1) / p.row_align * p.row_align;
+      long long upto = aligned;  // inclusive prefix sum of `aligned` over the chunk's lanes
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const long long left = __shfl_up_sync(0xffffffffu, upto, d);
+        if (lane >= d) upto += left;
       }
-      p.first_row[e] = (int)mine;
-      if (o == p.rank) {
-        p.expert_offset[x] = (int)next;
-        p.expert_rows[x] = (int)rows;
+      const long long offset = next + upto - aligned;
+      if (x < el) {
+        p.first_row[e] = (int)(offset + before_mine);
+        if (o == p.rank) {
+          p.expert_offset[x] = (int)offset;
+          p.expert_rows[x] = (int)rows;
+        }
       }
-      next = (next + rows + p.row_align - 1) / p.row_align * p.row_align;
+      next += __shfl_sync(0xffffffffu, upto, 31);
     }
-    if (next > p.capacity) record_plan_error(p.error, (kPlanErrorCapacity << 60) | (u32)o, (u64)next);
+    if (lane == 0 && next > p.capacity)
+      record_plan_error(p.error, (kPlanErrorCapacity << 60) | (u32)o, (u64)next);
   }
 }
 
