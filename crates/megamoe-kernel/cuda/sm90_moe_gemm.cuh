@@ -1119,20 +1119,12 @@ struct Gemm {
     if constexpr (kCluster > 1) cluster_sync();
   }
 
-  // Every thread of the CTA, after roles: back at kLaunchRegs, every barrier of the ring
-  // invalidated. One branch for both directions: ptxas then knows every warpgroup leaves at
-  // kLaunchRegs (after two separate tests it held the code that follows to the producer's count,
-  // and the fused kernel's glue after the GEMMs spilled at 56 registers); the producer warpgroup's
-  // increase waits until the consumers' decrease has given the registers back. The meeting before
-  // the invalidation is every warp's: setmaxnreg.inc returns once registers for its own warp are
-  // free, so thread 0 may pass it while consumer warps still wait on the ring's barriers.
+  // Every thread of the CTA, after roles: back at kLaunchRegs (the consumers give theirs back
+  // before the producer warpgroup asks), every barrier of the ring invalidated.
   __device__ __forceinline__ static void rejoin(u8* smem) {
-    if (threadIdx.x < 128) {
-      setmaxnreg_inc<kLaunchRegs>();
-    } else {
-      setmaxnreg_dec<kLaunchRegs>();
-    }
+    if (threadIdx.x >= 128) setmaxnreg_dec<kLaunchRegs>();
     __syncthreads();
+    if (threadIdx.x < 128) setmaxnreg_inc<kLaunchRegs>();
     if (threadIdx.x == 0) {
       for (int s = 0; s < 3 * L::kStages; ++s) mbar_inval((u64*)(smem + L::kFullAt) + s);
       if constexpr (kHandoff) {
