@@ -66,13 +66,17 @@ constexpr float kE4m3Max = 448.0f;
 constexpr float kE2m1Max = 6.0f;
 constexpr float kAmaxFloor = 1e-4f;
 
+// The UE8M0 byte of an activation group whose largest magnitude is `amax` (a NaN channel counts
+// as none, as fmaxf and the host's f32::max skip it).
+__device__ __forceinline__ u8 act_group_scale(float amax) { return ue8m0_ceil(fmaxf(amax, kAmaxFloor) / kE4m3Max); }
+
 // Activations: G channels -> G E4M3 codes, returns the UE8M0 byte.
 template <int G>
 __device__ __forceinline__ u8 quantize_act_group(const float* x, u8* q) {
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < G; ++i) amax = fmaxf(amax, fabsf(x[i]));
-  const u8 sf = ue8m0_ceil(fmaxf(amax, kAmaxFloor) / kE4m3Max);
+  const u8 sf = act_group_scale(amax);
   const float inv = pow2(127 - (int)sf);
 #pragma unroll
   for (int i = 0; i < G; ++i) q[i] = e4m3_encode(x[i] * inv);

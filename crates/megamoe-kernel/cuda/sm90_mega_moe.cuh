@@ -4,6 +4,9 @@
 // pipeline's launch of it runs (sm90_unfused.cuh, and the grouped GEMM's pieces of
 // sm90_moe_gemm.cuh), so the fused forward's bits are the unfused forward's:
 //
+//   0. inputs    only for an engine's inputs in other formats, over the grid: BF16 x quantized
+//                (as the host quantizer does) and i64 expert ids narrowed, into the pipeline's
+//                input buffers, which the stages below then read; grid barrier;
 //   1. count     CTA 0: this rank's routes per expert, published into every rank's counts table;
 //                the ranks meet (grid barrier, CTA 0 meets the other ranks, grid barrier);
 //   2. plan      CTA 0: every owner's pool plan from the counts table (capacity and ids checked:
@@ -44,10 +47,23 @@ typedef unsigned long long u64;
 
 constexpr int kThreads = gemm::kThreads;
 
+// An engine's inputs in formats the stages do not read, and where stage 0 puts them converted (the
+// pipeline's own input buffers, which the stages' parameters then name).
+struct InputParams {
+  const u16* x_bf16;          // [T][H] BF16, or null: the stages read the engine's E4M3 x and x_sf
+  const long long* topk_i64;  // [T*k] i64 expert ids, or null: the stages read the engine's i32 ids
+  u8* x;                      // [T][H] E4M3, out
+  u8* x_sf;                   // [T][H/G] UE8M0, out
+  int* topk_idx;              // [T*k] i32, out
+  u64* error;                 // [2] the plan's error words: an id outside -1..E (kPlanErrorExpert)
+  int hidden, top_k, num_experts, pad_;
+};
+
 // Everything one forward of one rank needs, each stage's part as that stage's own parameters (the
 // unfused launches take the same structs). Rows and tokens the device learns in the kernel (the
 // pool's rows from the plan) are filled in there, not here.
 struct MegaParams {
+  InputParams inputs;
   CountParams count;
   PlanParams plan;
   RouteParams route;
@@ -70,7 +86,8 @@ struct MegaParams {
   int row_granules;  // counters of swiglu.row_arrivals (= l2.row_arrivals): pool rows / 16
   int pad_;
 };
-static_assert(sizeof(MegaParams) == 48 + 64 + 64 + 88 + 64 + 40 + 64 + 32 + 2 * 120 + 40, "MegaParams layout");
+static_assert(sizeof(InputParams) == 64, "InputParams layout");
+static_assert(sizeof(MegaParams) == 64 + 48 + 64 + 64 + 88 + 64 + 40 + 64 + 32 + 2 * 120 + 40, "MegaParams layout");
 
 // The plan error word's kind for a device T outside 0..max (error[1]: that T).
 constexpr u64 kPlanErrorTokens = 4;
@@ -185,6 +202,58 @@ __device__ __forceinline__ void combine_reduce(const MegaParams& p) {
   });
 }
 
+// 0. inputs: the grid's threads over the pairs (ids) and over the channels, 8 each (BF16 x): a
+// group's G channels lie on G/8 consecutive lanes of one warp, which share its amax by shuffles and
+// encode as fp::quantize_act_group does. The loop over channels runs warp by warp (every lane
+// through each step), and a group is wholly in or out of range (H is a multiple of G).
+template <int G>
+__device__ __forceinline__ void convert_inputs(const MegaParams& p) {
+  const InputParams& in = p.inputs;
+  const int tokens = forward_tokens(p);
+  const int thread = blockIdx.x * kThreads + threadIdx.x, threads = gridDim.x * kThreads;
+  if (in.topk_i64) {
+    for (int i = thread; i < tokens * in.top_k; i += threads) {
+      const long long e = in.topk_i64[i];
+      const bool valid = e >= -1 && e < in.num_experts;
+      // An id outside the experts is refused with its full value; -2 tells stage 1 to count it
+      // as refused without recording it again (the first error stands).
+      if (!valid)
+        record_plan_error(in.error, (kPlanErrorExpert << 60) | ((u64)(i % in.top_k) << 32) | (u32)(i / in.top_k),
+                          (u64)e);
+      in.topk_idx[i] = valid ? (int)e : -2;
+    }
+  }
+  if (in.x_bf16) {
+    constexpr int kLanes = G / 8;
+    const int lane = threadIdx.x % 32;
+    const int units = tokens * (in.hidden / 8);
+    for (int u0 = thread - lane; u0 < units; u0 += threads) {
+      const int u = u0 + lane;
+      const bool valid = u < units;
+      const uint4 v = valid ? reinterpret_cast<const uint4*>(in.x_bf16)[u] : make_uint4(0, 0, 0, 0);
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+      float f[8];
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        f[2 * i] = bf16_to_f32((u16)(w[i] & 0xffffu));
+        f[2 * i + 1] = bf16_to_f32((u16)(w[i] >> 16));
+        amax = fmaxf(amax, fmaxf(fabsf(f[2 * i]), fabsf(f[2 * i + 1])));
+      }
+#pragma unroll
+      for (int o = 1; o < kLanes; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (!valid) continue;
+      const u8 sf = fp::act_group_scale(amax);
+      const float inv = fp::pow2(127 - (int)sf);
+      u32 q[2] = {0, 0};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[i / 4] |= (u32)fp::e4m3_encode(f[i] * inv) << (8 * (i % 4));
+      reinterpret_cast<uint2*>(in.x)[u] = make_uint2(q[0], q[1]);
+      if (lane % kLanes == 0) in.x_sf[u / kLanes] = sf;
+    }
+  }
+}
+
 // Whether this rank's plan stands (read afresh: nothing is held across the GEMM roles).
 __device__ __forceinline__ bool planned(const MegaParams& p) { return barriers::ptx::ld_relaxed_gpu(p.plan.error) == 0; }
 
@@ -198,8 +267,14 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   static_assert(L1::kCtasPerSm == L2::kCtasPerSm, "both layers run on one shape of grid");
   extern __shared__ __align__(1024) u8 smem_raw[];
 
-  // 1. count, and the ranks meet: every rank's counts are in every rank's table.
   stamp(p, 0);
+  // 0. inputs in the engine's other formats, converted.
+  if (p.inputs.x_bf16 || p.inputs.topk_i64) {
+    convert_inputs<G>(p);
+    barriers::grid_barrier(p.grid_word);
+  }
+
+  // 1. count, and the ranks meet: every rank's counts are in every rank's table.
   if (blockIdx.x == 0) {
     CountParams count = p.count;
     count.pairs = forward_tokens(p) * count.top_k;

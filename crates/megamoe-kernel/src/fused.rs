@@ -35,10 +35,27 @@ pub const MEGA_HEADER: (&str, &str) = (
     include_str!("../cuda/sm90_mega_moe.cuh"),
 );
 
+/// `mm::mega::InputParams`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct InputParams {
+    x_bf16: u64,
+    topk_i64: u64,
+    x: u64,
+    x_sf: u64,
+    topk_idx: u64,
+    error: u64,
+    hidden: i32,
+    top_k: i32,
+    num_experts: i32,
+    pad_: i32,
+}
+
 /// `mm::mega::MegaParams`, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 struct MegaParams {
+    inputs: InputParams,
     count: CountParams,
     plan: PlanParams,
     route: RouteParams,
@@ -58,14 +75,16 @@ struct MegaParams {
     pad_: i32,
 }
 
-const _: () = assert!(size_of::<MegaParams>() == 744);
+const _: () = assert!(size_of::<InputParams>() == 64);
+const _: () = assert!(size_of::<MegaParams>() == 808);
 
 /// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
-/// same for any binding): device addresses on the pipeline's GPU of `x` (E4M3 `[T][H]`), `x_sf`
-/// (UE8M0 `[T][H/G]`), `topk_idx` (i32 `[T][k]`, −1 masked), `topk_weights` (f32 `[T][k]`) and
-/// `y` (BF16 `[T][H]`, written). `tokens` is T — or, with `tokens_dev` (a device i32, 0: none),
-/// the most T may be: the kernel reads T from there when it starts, so one captured graph serves
-/// every T up to it (the buffers then hold `tokens` tokens).
+/// same for any binding): device addresses on the pipeline's GPU of `x` (`[T][H]`, as
+/// `x_format` says), `x_sf` (UE8M0 `[T][H/G]`, with E4M3 `x`), `topk_idx` (`[T][k]` of
+/// `topk_idx_width`, −1 masked), `topk_weights` (f32 `[T][k]`) and `y` (BF16 `[T][H]`, written).
+/// `tokens` is T — or, with `tokens_dev` (a device i32, 0: none), the most T may be: the kernel
+/// reads T from there when it starts, so one captured graph serves every T up to it (the buffers
+/// then hold `tokens` tokens).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceIo {
@@ -76,6 +95,34 @@ pub struct DeviceIo {
     pub y: u64,
     pub tokens: u64,
     pub tokens_dev: u64,
+    pub x_format: ActivationFormat,
+    pub topk_idx_width: IndexWidth,
+}
+
+const _: () = assert!(size_of::<DeviceIo>() == 64);
+
+/// How [`DeviceIo::x`] holds the activations.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ActivationFormat {
+    /// E4M3 `[T][H]` with its UE8M0 scales in [`DeviceIo::x_sf`], quantized by the engine.
+    #[default]
+    E4m3 = 0,
+    /// BF16 `[T][H]`, quantized by the kernel (its first stage, over the grid) exactly as
+    /// `fp_formats::quant::quantize_act_row` quantizes on the host, into the pipeline's own input
+    /// buffers; `x_sf` is not read.
+    Bf16 = 1,
+}
+
+/// The width of [`DeviceIo::topk_idx`]'s expert ids.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IndexWidth {
+    #[default]
+    I32 = 0,
+    /// i64 (PyTorch's index type), narrowed by the kernel's first stage into the pipeline's own
+    /// buffer; an id outside −1..E is refused with its full value.
+    I64 = 1,
 }
 
 /// Stamps of a fused forward's stage clock (`mm::mega::kStamps`): the start, and the end of each
@@ -426,7 +473,7 @@ impl Pipeline {
             topk_weights: self.inputs.topk_w.device_ptr(stream).0,
             y: self.y.device_ptr(stream).0,
             tokens: tokens as u64,
-            tokens_dev: 0,
+            ..DeviceIo::default()
         };
         // SAFETY: the pipeline's own input buffers hold `tokens` tokens (set_inputs) and y
         // max_tokens >= tokens rows; all on this GPU.
@@ -533,6 +580,18 @@ impl Pipeline {
                 }
             };
         let params = MegaParams {
+            inputs: InputParams {
+                x_bf16: 0,
+                topk_i64: 0,
+                x: self.inputs.x.device_ptr_mut(stream).0,
+                x_sf: self.inputs.x_sf.device_ptr_mut(stream).0,
+                topk_idx: self.inputs.topk_idx.device_ptr_mut(stream).0,
+                error: plan_error,
+                hidden: s.hidden as i32,
+                top_k: s.top_k as i32,
+                num_experts: s.num_experts as i32,
+                pad_: 0,
+            },
             count: CountParams {
                 topk_idx: 0,
                 peers,
@@ -758,16 +817,38 @@ impl FusedLaunch {
         let tokens = io.tokens as usize;
         let pairs = (tokens * forward.top_k) as i32;
         let mut p = self.params;
-        p.count.topk_idx = io.topk_idx;
+        // Inputs in other formats: the kernel converts them into the pipeline's input buffers,
+        // which the stages then read.
+        let (x, x_sf) = match io.x_format {
+            ActivationFormat::E4m3 => {
+                p.inputs.x_bf16 = 0;
+                (io.x, io.x_sf)
+            }
+            ActivationFormat::Bf16 => {
+                p.inputs.x_bf16 = io.x;
+                (p.inputs.x, p.inputs.x_sf)
+            }
+        };
+        let topk_idx = match io.topk_idx_width {
+            IndexWidth::I32 => {
+                p.inputs.topk_i64 = 0;
+                io.topk_idx
+            }
+            IndexWidth::I64 => {
+                p.inputs.topk_i64 = io.topk_idx;
+                p.inputs.topk_idx
+            }
+        };
+        p.count.topk_idx = topk_idx;
         p.count.pairs = pairs;
-        p.route.topk_idx = io.topk_idx;
+        p.route.topk_idx = topk_idx;
         p.route.pairs = pairs;
-        p.dispatch.x = io.x;
-        p.dispatch.x_sf = io.x_sf;
-        p.dispatch.topk_idx = io.topk_idx;
+        p.dispatch.x = x;
+        p.dispatch.x_sf = x_sf;
+        p.dispatch.topk_idx = topk_idx;
         p.dispatch.topk_w = io.topk_weights;
         p.dispatch.tokens = tokens as i32;
-        p.combine_reduce.topk_idx = io.topk_idx;
+        p.combine_reduce.topk_idx = topk_idx;
         p.combine_reduce.y = io.y;
         p.combine_reduce.tokens = tokens as i32;
         p.ranks.timeout_ns = forward.barrier_timeout.as_nanos().min(u64::MAX as u128) as u64;
@@ -791,7 +872,8 @@ mod tests {
     use super::*;
 
     /// A forward writes every field it owns — its inputs, T, pairs, the barrier's timeout, the
-    /// stage clock, the timeline — and no other byte of the prepared parameter block.
+    /// stage clock, the timeline — and no other byte of the prepared parameter block; inputs in
+    /// other formats go to stage 0, and the stages read the pipeline's buffers it writes.
     #[test]
     fn a_forward_writes_only_its_own_fields() {
         const PREPARED: u8 = 0xab;
@@ -813,6 +895,7 @@ mod tests {
             y: 0x6000,
             tokens: 7,
             tokens_dev: 0x7000,
+            ..DeviceIo::default()
         };
         let forward = ForwardFields {
             io,
@@ -834,12 +917,14 @@ mod tests {
         assert_eq!(p.ranks.timeout_ns, 10_000_000_000);
         assert_eq!((p.l1.timeline, p.l2.timeline), (0x8000, 0x9000));
         assert_eq!((p.stage_clock, p.tokens_dev, p.tokens), (0x5000, 0x7000, 7));
+        assert_eq!((p.inputs.x_bf16, p.inputs.topk_i64), (0, 0));
         // No value above holds a byte 0xab: every byte written differs from the prepared block.
         let written = bytemuck::bytes_of(&p)
             .iter()
             .filter(|&&b| b != PREPARED)
             .count();
         let owned = [
+            8 + 8,     // inputs: x_bf16, topk_i64 (none)
             8 + 4,     // count: topk_idx, pairs
             8 + 4,     // route: topk_idx, pairs
             4 * 8 + 4, // dispatch: x, x_sf, topk_idx, topk_w, tokens
@@ -854,5 +939,26 @@ mod tests {
             ..forward
         });
         assert_eq!(unclocked.stage_clock, 0);
+
+        let converted = launch.params(&ForwardFields {
+            io: DeviceIo {
+                x_format: ActivationFormat::Bf16,
+                topk_idx_width: IndexWidth::I64,
+                ..io
+            },
+            ..forward
+        });
+        let i = converted.inputs;
+        assert_eq!((i.x_bf16, i.topk_i64), (0x1000, 0x3000));
+        let d = converted.dispatch;
+        assert_eq!((d.x, d.x_sf, d.topk_idx), (i.x, i.x_sf, i.topk_idx));
+        assert_eq!(
+            [
+                converted.count.topk_idx,
+                converted.route.topk_idx,
+                converted.combine_reduce.topk_idx
+            ],
+            [i.topk_idx; 3]
+        );
     }
 }

@@ -40,7 +40,7 @@ use fp_formats::bf16;
 mod batch;
 
 pub use batch::{DeviceBatch, driver};
-pub use megamoe_kernel::fused::DeviceIo;
+pub use megamoe_kernel::fused::{ActivationFormat, DeviceIo, IndexWidth};
 use megamoe_kernel::protocol::PipelineShape;
 use megamoe_kernel::unfused::{Pipeline, UnfusedError};
 use megamoe_kernel::{Routes, transform_l1_weights, transform_weights};
@@ -180,6 +180,9 @@ pub enum CudaError {
     PeerFailed { rank: usize, me: usize },
     #[error("exchange: {0}")]
     Exchange(String),
+    /// A [`DeviceBatch`] asked to take what it was not made for (more tokens, another format).
+    #[error("device batch: {0}")]
+    Batch(String),
     #[error(
         "{} of {ranks} rank process(es) failed:\n{}",
         failed.len(),

@@ -7,14 +7,20 @@
 //! device memory: the count of the rank's GPU handle stands still across device forwards at
 //! several T, graph replays and host forwards on both paths. A rank that never launches its
 //! forward leaves the others with the timeout naming it; after `recover` the next forward works.
+//! An engine's BF16 activations and i64 expert ids give the bits of the host-quantized E4M3 and
+//! i32 forward, and an i64 id past i32's range is refused with its full value.
 
 use std::time::{Duration, Instant};
 
 use cuda_rt::cudarc::driver::sys;
 use cuda_rt::{Arch, KernelSpec, LaunchConfig};
 use fp_formats::bf16;
-use megamoe::cuda::{CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, driver, run_local};
+use megamoe::cuda::{
+    ActivationFormat, CudaError, CudaRank, DeviceBatch, ForwardPath, IndexWidth, Placement, driver,
+    run_local,
+};
 use megamoe::{Config, RankInputs, Recipe};
+use megamoe_kernel::protocol::ProtocolError;
 use megamoe_kernel::unfused::UnfusedError;
 use megamoe_kernel::{Mma, Routes};
 
@@ -182,6 +188,161 @@ fn device_forward_on_the_callers_stream_and_in_a_graph() {
     engine_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
 }
 
+/// Fresh BF16 activations `[T][H]` that tell the quantizer's cases apart: per token a scale from
+/// 2^-12 to 2^12, per 32 channels a spread of 1 to 2^6 (so the groups of 32 and 128 differ), a
+/// zero group now and then, and values past E4M3's range at the largest scales.
+fn bf16_activations(tokens: usize, hidden: usize, seed: u64) -> Vec<bf16> {
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut x = Vec::with_capacity(tokens * hidden);
+    for _ in 0..tokens {
+        let token_scale = 2f32.powi((next() % 25) as i32 - 12);
+        for _ in 0..hidden / 32 {
+            let zero = next() % 97 == 0;
+            let spread = 2f32.powi((next() % 7) as i32);
+            for _ in 0..32 {
+                let u = (next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                x.push(bf16::from_f32(if zero {
+                    0.0
+                } else {
+                    u * spread * token_scale
+                }));
+            }
+        }
+    }
+    x
+}
+
+/// `inputs` with `x` (BF16) quantized on the host as the generator quantizes.
+fn host_quantized(config: &Config, inputs: &RankInputs, x: &[bf16]) -> RankInputs {
+    let (h, g) = (config.hidden, config.act_group());
+    let mut q = RankInputs {
+        x: vec![0; inputs.tokens * h],
+        x_sf: vec![0; inputs.tokens * h / g],
+        ..inputs.clone()
+    };
+    for t in 0..inputs.tokens {
+        let row: Vec<f32> = x[t * h..][..h].iter().map(|v| v.to_f32()).collect();
+        fp_formats::quant::quantize_act_row(
+            &row,
+            g,
+            &mut q.x[t * h..][..h],
+            &mut q.x_sf[t * h / g..][..h / g],
+        );
+    }
+    q
+}
+
+/// An engine's own formats: BF16 x (quantized in the kernel) and i64 ids, alone and together,
+/// at two T: y bit for bit the host forward of the host-quantized E4M3 inputs with i32 ids. An
+/// i64 id past i32's range is refused with its full value, and the next forward works.
+fn input_formats_case(config: Config, routes: Routes, max: usize) {
+    let p = generated_problem(config, max, 114, 0.1);
+    let what = format!("{}/{routes}", config.recipe);
+    run_local(Placement::one_gpu(1), |world| {
+        let gpu = world.local_gpu();
+        let mut rank = CudaRank::new(world.clone(), &config, max, routes, &p.weights[0])?;
+        rank.warm_up_fused()?;
+        let stream = driver("new_stream", gpu.stream().context().new_stream())?;
+        let x = bf16_activations(max, config.hidden, 115);
+        for tokens in [max, 7] {
+            let routed = p.inputs[0].first(&config, tokens);
+            let x = &x[..tokens * config.hidden];
+            let quantized = host_quantized(&config, &routed, x);
+            let tile = rank.pipeline().fused_tile(tokens, None);
+            let want = host_y(&mut rank, &quantized, tile)?;
+            for (x_format, width) in [
+                (ActivationFormat::Bf16, IndexWidth::I64),
+                (ActivationFormat::Bf16, IndexWidth::I32),
+                (ActivationFormat::E4m3, IndexWidth::I64),
+            ] {
+                let mut dev = DeviceBatch::with_formats(&stream, &config, max, x_format, width)?;
+                match x_format {
+                    ActivationFormat::E4m3 => dev.upload(&quantized)?,
+                    ActivationFormat::Bf16 => dev.upload_bf16(x, &quantized)?,
+                }
+                // SAFETY: the buffers hold the batch on this GPU and live until the stream is done.
+                unsafe { rank.forward_device(&stream, &dev.io(false))? };
+                driver("synchronize", stream.synchronize())?;
+                rank.check_device_forward()?;
+                let got = dev.y()?;
+                eprintln!(
+                    "{what}: T = {tokens}, {x_format:?} x, {width:?} ids: {} of {} values differ \
+                     from the host-quantized forward",
+                    same_bits(&got, &want),
+                    want.len()
+                );
+                assert_eq!(
+                    same_bits(&got, &want),
+                    0,
+                    "{what}: T = {tokens}, {x_format:?} x, {width:?} ids"
+                );
+            }
+        }
+
+        // An id only the device sees, past i32's range: refused with its value; then a forward works.
+        let routed = p.inputs[0].first(&config, 7);
+        let x = &x[..7 * config.hidden];
+        let mut bad = routed.clone();
+        bad.topk_idx[2 * config.top_k + 1] = 1 << 40;
+        let mut dev = DeviceBatch::with_formats(
+            &stream,
+            &config,
+            max,
+            ActivationFormat::Bf16,
+            IndexWidth::I64,
+        )?;
+        dev.upload_bf16(x, &bad)?;
+        // SAFETY: as above.
+        unsafe { rank.forward_device(&stream, &dev.io(false))? };
+        driver("synchronize", stream.synchronize())?;
+        match rank.check_device_forward() {
+            Err(CudaError::Unfused(UnfusedError::Protocol(ProtocolError::Expert {
+                token,
+                slot,
+                value,
+                ..
+            }))) => assert_eq!((token, slot, value), (2, 1, 1 << 40), "{what}"),
+            other => panic!("{what}: an i64 id of 2^40 gave {other:?}"),
+        }
+        dev.upload_bf16(x, &routed)?;
+        // SAFETY: as above.
+        unsafe { rank.forward_device(&stream, &dev.io(false))? };
+        driver("synchronize", stream.synchronize())?;
+        rank.check_device_forward()?;
+        let tile = rank.pipeline().fused_tile(7, None);
+        let want = host_y(&mut rank, &host_quantized(&config, &routed, x), tile)?;
+        assert_eq!(
+            same_bits(&dev.y()?, &want),
+            0,
+            "{what}: after the refused id"
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_activations_and_i64_ids_give_the_host_quantized_bits() {
+    input_formats_case(
+        Config::tiny().with_recipe(Recipe::G128),
+        Routes::both(Mma::Fp8),
+        256,
+    );
+    input_formats_case(Config::tiny(), Routes::EXACT, 256);
+    let flash = Config {
+        num_experts: 16,
+        ..Config::deepseek_v4_flash()
+    };
+    input_formats_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+}
+
 /// No forward allocates device memory once its kernels are compiled: `CudaRank::device_allocations`
 /// (every allocation through the rank's GPU handle) stands still across device forwards at four T,
 /// a graph captured around one and replayed at two T, and host forwards on both paths.
@@ -289,6 +450,9 @@ fn a_rank_that_never_launches_times_out_and_the_next_forward_works() {
         )?;
         let mut dev = DeviceBatch::new(&stream, &config, tokens)?;
         dev.upload(&p.inputs[r])?;
+        // Both ranks warm (a cold JIT cache keeps one compiling for seconds) before the first
+        // forward, whose device meetings then wait well within the short timeout.
+        world.barrier()?;
         let forward = |rank: &mut CudaRank| -> Result<Duration, CudaError> {
             let clock = Instant::now();
             // SAFETY: the buffers hold this rank's inputs on its GPU and live past the sync.

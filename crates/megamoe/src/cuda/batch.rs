@@ -1,5 +1,6 @@
 //! One rank's batch in device memory, as an engine holds it: `x`, `x_sf`, `topk_idx`,
-//! `topk_weights` and `y` sized for a most T, plus a device T for captured graphs — the buffers a
+//! `topk_weights` and `y` sized for a most T (E4M3 or BF16 `x`, i32 or i64 ids), plus a device T
+//! for captured graphs — the buffers a
 //! [`DeviceIo`] points at ([`CudaRank::forward_device`](super::CudaRank::forward_device)). An
 //! engine whose tensors already live on the GPU builds its `DeviceIo` from its own; this is the
 //! host-to-host path over the device API (tests, examples, the CLI's needs).
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use cuda_rt::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DriverError};
 use fp_formats::bf16;
 
-use super::{CudaError, DeviceIo};
+use super::{ActivationFormat, CudaError, DeviceIo, IndexWidth};
 use crate::{Config, RankInputs};
 
 /// A cudarc call's error as the backend's, named by `call` (for an engine's own stream work next
@@ -18,14 +19,19 @@ pub fn driver<T>(call: &'static str, r: Result<T, DriverError>) -> Result<T, Cud
     r.map_err(|source| cuda_rt::Error::Driver { call, source }.into())
 }
 
-/// Device buffers of one rank's batch of at most `max_tokens` tokens, on one stream's GPU.
+/// Device buffers of one rank's batch of at most `max_tokens` tokens, on one stream's GPU, with
+/// `x` and the expert ids in the formats the batch was made for.
 pub struct DeviceBatch {
     stream: Arc<CudaStream>,
     hidden: usize,
     max_tokens: usize,
+    x_format: ActivationFormat,
+    topk_idx_width: IndexWidth,
+    /// `[T][H]` E4M3, or BF16 (two bytes a channel).
     x: CudaSlice<u8>,
     x_sf: CudaSlice<u8>,
-    topk_idx: CudaSlice<i32>,
+    /// `[T][k]` i32 or i64.
+    topk_idx: CudaSlice<u8>,
     topk_weights: CudaSlice<f32>,
     y: CudaSlice<u16>,
     tokens_dev: CudaSlice<i32>,
@@ -33,20 +39,50 @@ pub struct DeviceBatch {
 }
 
 impl DeviceBatch {
-    /// Buffers for `max_tokens` tokens of `config`'s shape, every copy on `stream`.
+    /// Buffers for `max_tokens` tokens of `config`'s shape, E4M3 `x` with its scales and i32
+    /// expert ids, every copy on `stream`.
     pub fn new(
         stream: &Arc<CudaStream>,
         config: &Config,
         max_tokens: usize,
     ) -> Result<Self, CudaError> {
+        Self::with_formats(
+            stream,
+            config,
+            max_tokens,
+            ActivationFormat::E4m3,
+            IndexWidth::I32,
+        )
+    }
+
+    /// As [`Self::new`], with `x` and the expert ids as an engine holds them: BF16 `x` (the
+    /// forward quantizes it), i64 ids.
+    pub fn with_formats(
+        stream: &Arc<CudaStream>,
+        config: &Config,
+        max_tokens: usize,
+        x_format: ActivationFormat,
+        topk_idx_width: IndexWidth,
+    ) -> Result<Self, CudaError> {
         let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
+        let x_bytes = match x_format {
+            ActivationFormat::E4m3 => 1,
+            ActivationFormat::Bf16 => 2,
+        };
+        let id_bytes = match topk_idx_width {
+            IndexWidth::I32 => 4,
+            IndexWidth::I64 => 8,
+        };
+        let alloc = |n| driver("cuMemAlloc", stream.alloc_zeros::<u8>(n));
         Ok(Self {
             stream: stream.clone(),
             hidden: h,
             max_tokens,
-            x: driver("cuMemAlloc", stream.alloc_zeros(max_tokens * h))?,
-            x_sf: driver("cuMemAlloc", stream.alloc_zeros(max_tokens * h / g))?,
-            topk_idx: driver("cuMemAlloc", stream.alloc_zeros(max_tokens * k))?,
+            x_format,
+            topk_idx_width,
+            x: alloc(max_tokens * h * x_bytes)?,
+            x_sf: alloc(max_tokens * h / g)?,
+            topk_idx: alloc(max_tokens * k * id_bytes)?,
             topk_weights: driver("cuMemAlloc", stream.alloc_zeros(max_tokens * k))?,
             y: driver("cuMemAlloc", stream.alloc_zeros(max_tokens * h))?,
             tokens_dev: driver("cuMemAlloc", stream.alloc_zeros(1))?,
@@ -55,20 +91,70 @@ impl DeviceBatch {
     }
 
     /// Queues the copies of `inputs` (and its T into the device scalar) and poisons y (0xffff:
-    /// NaN), on the stream. Refuses more tokens than the buffers hold.
+    /// NaN), on the stream. Refuses more tokens than the buffers hold, and a BF16 batch (its
+    /// activations come from [`Self::upload_bf16`]).
     pub fn upload(&mut self, inputs: &RankInputs) -> Result<(), CudaError> {
+        if self.x_format != ActivationFormat::E4m3 {
+            return Err(CudaError::Batch(
+                "E4M3 activations into a batch of BF16 ones".into(),
+            ));
+        }
+        self.upload_routes(inputs)?;
+        let s = &self.stream;
+        let copy = |r| driver("cuMemcpyHtoDAsync", r);
+        copy(s.memcpy_htod(&inputs.x, &mut self.x.slice_mut(..inputs.x.len())))?;
+        copy(s.memcpy_htod(&inputs.x_sf, &mut self.x_sf.slice_mut(..inputs.x_sf.len())))
+    }
+
+    /// As [`Self::upload`] for a BF16 batch: `x` (BF16 `[T][H]`) and the routes of `inputs`
+    /// (whose own `x` and `x_sf` are not read).
+    pub fn upload_bf16(&mut self, x: &[bf16], inputs: &RankInputs) -> Result<(), CudaError> {
+        if self.x_format != ActivationFormat::Bf16 {
+            return Err(CudaError::Batch(
+                "BF16 activations into a batch of E4M3 ones".into(),
+            ));
+        }
+        if x.len() != inputs.tokens * self.hidden {
+            return Err(CudaError::Batch(format!(
+                "{} BF16 values for {} tokens of {} channels",
+                x.len(),
+                inputs.tokens,
+                self.hidden
+            )));
+        }
+        self.upload_routes(inputs)?;
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        driver(
+            "cuMemcpyHtoDAsync",
+            self.stream
+                .memcpy_htod(&bytes, &mut self.x.slice_mut(..bytes.len())),
+        )
+    }
+
+    /// The copies every upload queues: the expert ids in the batch's width, the weights, T; y
+    /// poisoned.
+    fn upload_routes(&mut self, inputs: &RankInputs) -> Result<(), CudaError> {
         if inputs.tokens > self.max_tokens {
-            return Err(CudaError::Exchange(format!(
+            return Err(CudaError::Batch(format!(
                 "{} tokens into a batch of at most {}",
                 inputs.tokens, self.max_tokens
             )));
         }
         let s = &self.stream;
-        let idx: Vec<i32> = inputs.topk_idx.iter().map(|&e| e as i32).collect();
+        let ids: Vec<u8> = match self.topk_idx_width {
+            IndexWidth::I32 => inputs
+                .topk_idx
+                .iter()
+                .flat_map(|&e| (e as i32).to_le_bytes())
+                .collect(),
+            IndexWidth::I64 => inputs
+                .topk_idx
+                .iter()
+                .flat_map(|&e| e.to_le_bytes())
+                .collect(),
+        };
         let copy = |r| driver("cuMemcpyHtoDAsync", r);
-        copy(s.memcpy_htod(&inputs.x, &mut self.x.slice_mut(..inputs.x.len())))?;
-        copy(s.memcpy_htod(&inputs.x_sf, &mut self.x_sf.slice_mut(..inputs.x_sf.len())))?;
-        copy(s.memcpy_htod(&idx, &mut self.topk_idx.slice_mut(..idx.len())))?;
+        copy(s.memcpy_htod(&ids, &mut self.topk_idx.slice_mut(..ids.len())))?;
         let w = &inputs.topk_weights;
         copy(s.memcpy_htod(w, &mut self.topk_weights.slice_mut(..w.len())))?;
         copy(s.memcpy_htod(&[inputs.tokens as i32], &mut self.tokens_dev))?;
@@ -97,6 +183,8 @@ impl DeviceBatch {
             } else {
                 0
             },
+            x_format: self.x_format,
+            topk_idx_width: self.topk_idx_width,
         }
     }
 
