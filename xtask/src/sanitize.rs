@@ -123,6 +123,14 @@ pub const ENTRIES: &[Entry] = &[
         "megamoe.gpu_cuda::tiny_one_gpu_clamp_skew_and_masked_tokens",
     ),
     entry("fused kernel", "megamoe.gpu_fused::fused_tiny_one_forward"),
+    entry(
+        "fused kernel",
+        "megamoe.gpu_fused::fused_tiny_one_forward_two_ranks",
+    ),
+    entry(
+        "engine inputs",
+        "megamoe.gpu_engine::bf16_activations_and_i64_ids_give_the_host_quantized_bits",
+    ),
 ];
 
 /// A hazard racecheck reports that its model makes, not the kernel: a write site and a read site

@@ -164,18 +164,31 @@ fn fused_equals_unfused_tiny_every_route() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn fused_tiny_one_forward() {
-    // The sanitizer's case (xtask/src/sanitize.rs): one small forward of each recipe, checked.
+/// The sanitizer's cases (xtask/src/sanitize.rs): one small forward of each recipe, checked, on
+/// `ranks` ranks sharing GPU 0 (compute-sanitizer runs both ranks' kernels at once, as their
+/// device meetings need).
+fn tiny_one_forward(ranks: usize) {
     for (recipe, routes) in [
         (Recipe::Mx32, Routes::EXACT),
         (Recipe::G128, Routes::both(Mma::Fp8)),
     ] {
-        let p = generated_problem(Config::tiny().with_recipe(recipe), 24, 93, 0.1);
-        let what = format!("tiny {recipe}/{routes} fused, sanitizer case");
-        run_cases(&what, &p, routes, &[24], Placement::one_gpu(1), true);
+        let config = Config::tiny().with_recipe(recipe).with_ranks(ranks);
+        let p = generated_problem(config, 24, 93, 0.1);
+        let what = format!("tiny {recipe}/{routes} R={ranks} fused, sanitizer case");
+        run_cases(&what, &p, routes, &[24], Placement::one_gpu(ranks), true);
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_tiny_one_forward() {
+    tiny_one_forward(1);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_tiny_one_forward_two_ranks() {
+    tiny_one_forward(2);
 }
 
 /// The fused forward's timeline on one rank: every tile of both layers recorded once (their k128
