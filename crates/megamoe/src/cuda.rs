@@ -299,6 +299,19 @@ pub fn pipeline_shape(
     .map_err(|e| UnfusedError::from(e).into())
 }
 
+/// One rank's canonical MXFP4 expert weights already in device memory of the rank's GPU (an
+/// engine's loaded tensors; `#[repr(C)]`, device addresses): laid out as [`RankWeights`] lays
+/// them out on the host — `w1` `[E/R][2I][H/2]` packed E2M1 (gate rows, then up), `w1_sf`
+/// `[E/R][2I][H/32]` UE8M0, `w2` `[E/R][H][I/2]`, `w2_sf` `[E/R][H][I/32]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceRankWeights {
+    pub w1: u64,
+    pub w1_sf: u64,
+    pub w2: u64,
+    pub w2_sf: u64,
+}
+
 /// One rank of the CUDA backend: its world, its JIT, its symmetric buffer and its pipeline
 /// (weights loaded). Every forward ends at a barrier after which no peer touches this rank's
 /// symmetric buffer, so a rank may be dropped once its forwards have returned; dropping waits for
@@ -344,6 +357,41 @@ impl CudaRank {
             weights,
             Jit::new()?,
         )
+    }
+
+    /// Collective: [`CudaRank::new`] from weights already on this rank's GPU: read once into host
+    /// memory (the transform into the GEMMs' layout runs on the host, as for host weights), then
+    /// as `new`. The engine's tensors are not kept.
+    ///
+    /// # Safety
+    /// `weights`' addresses are device memory of this rank's GPU holding the canonical tensors of
+    /// `config`'s per-rank shape ([`DeviceRankWeights`]), not written by other work meanwhile.
+    pub unsafe fn from_device_weights(
+        world: Arc<World>,
+        config: &Config,
+        max_tokens: usize,
+        routes: impl Into<Routes>,
+        weights: &DeviceRankWeights,
+    ) -> Result<Self, CudaError> {
+        let (h, i, el) = (
+            config.hidden,
+            config.intermediate,
+            config.experts_per_rank(),
+        );
+        let gpu = world.local_gpu();
+        let read = |ptr: u64, bytes: usize| -> Result<Vec<u8>, CudaError> {
+            let mut host = vec![0u8; bytes];
+            // SAFETY: the caller's contract: `bytes` bytes of the tensor at `ptr` on this GPU.
+            unsafe { gpu.read_raw(ptr, &mut host) }?;
+            Ok(host)
+        };
+        let host = RankWeights {
+            w1: read(weights.w1, el * 2 * i * h / 2)?,
+            w1_sf: read(weights.w1_sf, el * 2 * i * h / 32)?,
+            w2: read(weights.w2, el * h * i / 2)?,
+            w2_sf: read(weights.w2_sf, el * h * i / 32)?,
+        };
+        Self::new(world, config, max_tokens, routes, &host)
     }
 
     /// [`CudaRank::new`] with an explicit shape (e.g. smaller pools than the worst case) and the

@@ -8,16 +8,18 @@
 //! several T, graph replays and host forwards on both paths. A rank that never launches its
 //! forward leaves the others with the timeout naming it; after `recover` the next forward works.
 //! An engine's BF16 activations and i64 expert ids give the bits of the host-quantized E4M3 and
-//! i32 forward, and an i64 id past i32's range is refused with its full value.
+//! i32 forward, and an i64 id past i32's range is refused with its full value. A rank built from
+//! weights already on the device forwards as one built from the same weights on the host.
 
 use std::time::{Duration, Instant};
 
+use cuda_rt::cudarc::driver::DevicePtr;
 use cuda_rt::cudarc::driver::sys;
 use cuda_rt::{Arch, KernelSpec, LaunchConfig};
 use fp_formats::bf16;
 use megamoe::cuda::{
-    ActivationFormat, CudaError, CudaRank, DeviceBatch, ForwardPath, IndexWidth, Placement, driver,
-    run_local,
+    ActivationFormat, CudaError, CudaRank, DeviceBatch, DeviceRankWeights, ForwardPath, IndexWidth,
+    Placement, driver, run_local,
 };
 use megamoe::{Config, RankInputs, Recipe};
 use megamoe_kernel::protocol::ProtocolError;
@@ -341,6 +343,51 @@ fn bf16_activations_and_i64_ids_give_the_host_quantized_bits() {
         ..Config::deepseek_v4_flash()
     };
     input_formats_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+}
+
+/// Weights an engine already holds on the device (`CudaRank::from_device_weights`): the rank's
+/// forward is bit for bit that of a rank built from the same weights on the host.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn weights_on_the_device_give_the_host_weights_forward() {
+    let config = Config::tiny().with_recipe(Recipe::G128);
+    let routes = Routes::both(Mma::Fp8);
+    let p = generated_problem(config, 64, 116, 0.1);
+    run_local(Placement::one_gpu(1), |world| {
+        let w = &p.weights[0];
+        let stream = world.local_gpu().stream().clone();
+        let upload = |host: &[u8]| driver("cuMemcpyHtoD", stream.clone_htod(host));
+        let (w1, w1_sf) = (upload(&w.w1)?, upload(&w.w1_sf)?);
+        let (w2, w2_sf) = (upload(&w.w2)?, upload(&w.w2_sf)?);
+        let on_device = DeviceRankWeights {
+            w1: w1.device_ptr(&stream).0,
+            w1_sf: w1_sf.device_ptr(&stream).0,
+            w2: w2.device_ptr(&stream).0,
+            w2_sf: w2_sf.device_ptr(&stream).0,
+        };
+        let mut ys = Vec::new();
+        for from_device in [true, false] {
+            let mut rank = if from_device {
+                // SAFETY: the four tensors of the rank's shape, on its GPU, alive and unwritten.
+                unsafe {
+                    CudaRank::from_device_weights(world.clone(), &config, 64, routes, &on_device)?
+                }
+            } else {
+                CudaRank::new(world.clone(), &config, 64, routes, w)?
+            };
+            rank.set_path(ForwardPath::Fused);
+            rank.poison()?;
+            ys.push(rank.forward(&p.inputs[0])?.0);
+        }
+        eprintln!(
+            "weights on the device: {} of {} values differ from the host weights' forward",
+            same_bits(&ys[0], &ys[1]),
+            ys[1].len()
+        );
+        assert_eq!(same_bits(&ys[0], &ys[1]), 0, "weights read from the device");
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e:?}"));
 }
 
 /// No forward allocates device memory once its kernels are compiled: `CudaRank::device_allocations`
