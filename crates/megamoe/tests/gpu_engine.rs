@@ -174,20 +174,26 @@ fn engine_case(config: Config, routes: Routes, max: usize) {
     .unwrap_or_else(|e| panic!("{what}: {e:?}"));
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn device_forward_on_the_callers_stream_and_in_a_graph() {
-    engine_case(
+/// `case` on the engine tests' shapes: tiny g128/fp8 and mx32/bf16 (256 tokens at most),
+/// V4-Flash's per-rank shape g128/fp8 (128).
+fn on_engine_shapes(case: fn(Config, Routes, usize)) {
+    case(
         Config::tiny().with_recipe(Recipe::G128),
         Routes::both(Mma::Fp8),
         256,
     );
-    engine_case(Config::tiny(), Routes::EXACT, 256);
+    case(Config::tiny(), Routes::EXACT, 256);
     let flash = Config {
         num_experts: 16,
         ..Config::deepseek_v4_flash()
     };
-    engine_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+    case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_forward_on_the_callers_stream_and_in_a_graph() {
+    on_engine_shapes(engine_case);
 }
 
 /// Fresh BF16 activations `[T][H]` that tell the quantizer's cases apart: per token a scale from
@@ -332,17 +338,7 @@ fn input_formats_case(config: Config, routes: Routes, max: usize) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bf16_activations_and_i64_ids_give_the_host_quantized_bits() {
-    input_formats_case(
-        Config::tiny().with_recipe(Recipe::G128),
-        Routes::both(Mma::Fp8),
-        256,
-    );
-    input_formats_case(Config::tiny(), Routes::EXACT, 256);
-    let flash = Config {
-        num_experts: 16,
-        ..Config::deepseek_v4_flash()
-    };
-    input_formats_case(flash.with_recipe(Recipe::G128), Routes::both(Mma::Fp8), 128);
+    on_engine_shapes(input_formats_case);
 }
 
 /// Weights an engine already holds on the device (`CudaRank::from_device_weights`): the rank's
