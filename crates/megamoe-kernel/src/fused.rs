@@ -101,6 +101,48 @@ pub struct DeviceIo {
 
 const _: () = assert!(size_of::<DeviceIo>() == 64);
 
+impl DeviceIo {
+    /// Refuses, before anything is queued, an address the kernel would fault on: null, or not
+    /// aligned for its widest access — 16-byte loads of `x` and of i32 `topk_idx` (four ids at a
+    /// time), 8-byte loads of i64 ids, 4-byte ones of the weights and the device T, 16-byte stores
+    /// of `y` (a tensor of its own, or a row slice of one, is aligned so). A forward of no tokens
+    /// reads and writes none of them (an empty tensor's address may be null).
+    pub fn check_addresses(&self) -> Result<(), UnfusedError> {
+        let mut needed = vec![
+            ("x", self.x, 16),
+            ("topk_weights", self.topk_weights, 4),
+            ("y", self.y, 16),
+            (
+                "topk_idx",
+                self.topk_idx,
+                match self.topk_idx_width {
+                    IndexWidth::I32 => 16,
+                    IndexWidth::I64 => 8,
+                },
+            ),
+        ];
+        if self.x_format == ActivationFormat::E4m3 {
+            needed.push(("x_sf", self.x_sf, 1));
+        }
+        if self.tokens_dev != 0 {
+            needed.push(("tokens_dev", self.tokens_dev, 4));
+        } else if self.tokens == 0 {
+            return Ok(());
+        }
+        match needed
+            .into_iter()
+            .find(|&(_, address, align)| address == 0 || address % align != 0)
+        {
+            Some((field, address, align)) => Err(UnfusedError::DeviceAddress {
+                field,
+                address,
+                align,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// How [`DeviceIo::x`] holds the activations.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -507,6 +549,7 @@ impl Pipeline {
                 max: self.shape.max_tokens,
             });
         }
+        io.check_addresses()?;
         let tile = self.fused_tile(io.tokens as usize, None);
         self.prepare_fused(gpu, jit, tile)?;
         self.tokens = Some(io.tokens as usize);
@@ -959,6 +1002,85 @@ mod tests {
                 converted.combine_reduce.topk_idx
             ],
             [i.topk_idx; 3]
+        );
+    }
+
+    /// Null or misaligned addresses are refused, naming the field and the alignment it needs;
+    /// a forward of no tokens (and no device T) takes any.
+    #[test]
+    fn device_addresses_the_kernel_would_fault_on_are_refused() {
+        let io = DeviceIo {
+            x: 0x1000,
+            x_sf: 0x2001,
+            topk_idx: 0x3000,
+            topk_weights: 0x4004,
+            y: 0x6000,
+            tokens: 7,
+            ..DeviceIo::default()
+        };
+        assert!(io.check_addresses().is_ok());
+        let refused = |io: DeviceIo| match io.check_addresses() {
+            Err(UnfusedError::DeviceAddress { field, align, .. }) => (field, align),
+            other => panic!("{io:?} gave {other:?}"),
+        };
+        assert_eq!(refused(DeviceIo { x: 0x1004, ..io }), ("x", 16));
+        assert_eq!(refused(DeviceIo { y: 0, ..io }), ("y", 16));
+        assert_eq!(
+            refused(DeviceIo {
+                topk_idx: 0x3008,
+                ..io
+            }),
+            ("topk_idx", 16)
+        );
+        assert_eq!(
+            refused(DeviceIo {
+                topk_weights: 0x4002,
+                ..io
+            }),
+            ("topk_weights", 4)
+        );
+        assert_eq!(refused(DeviceIo { x_sf: 0, ..io }), ("x_sf", 1));
+        assert_eq!(
+            refused(DeviceIo {
+                tokens_dev: 0x5002,
+                ..io
+            }),
+            ("tokens_dev", 4)
+        );
+        // i64 ids need 8 bytes; BF16 x reads no x_sf.
+        let engine = DeviceIo {
+            topk_idx_width: IndexWidth::I64,
+            x_format: ActivationFormat::Bf16,
+            x_sf: 0,
+            ..io
+        };
+        assert!(
+            DeviceIo {
+                topk_idx: 0x3008,
+                ..engine
+            }
+            .check_addresses()
+            .is_ok()
+        );
+        assert_eq!(
+            refused(DeviceIo {
+                topk_idx: 0x3004,
+                ..engine
+            }),
+            ("topk_idx", 8)
+        );
+        // No tokens: nothing is touched; a device T is read whatever the bound.
+        let empty = DeviceIo {
+            tokens: 0,
+            ..DeviceIo::default()
+        };
+        assert!(empty.check_addresses().is_ok());
+        assert_eq!(
+            refused(DeviceIo {
+                tokens_dev: 0x5000,
+                ..empty
+            }),
+            ("x", 16)
         );
     }
 }

@@ -91,6 +91,16 @@ pub enum UnfusedError {
     /// A fused forward's T read from the device was outside 0..max (`DeviceIo::tokens_dev`).
     #[error("the device's T is {tokens}, the forward was queued for at most {max}")]
     DeviceTokens { tokens: i64, max: usize },
+    /// An engine's device address the fused kernel cannot use as it is ([`crate::fused::DeviceIo`]).
+    #[error(
+        "DeviceIo::{field} = {address:#x} is null or not aligned to {align} bytes, as the kernel's \
+         accesses need"
+    )]
+    DeviceAddress {
+        field: &'static str,
+        address: u64,
+        align: u64,
+    },
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
 }
