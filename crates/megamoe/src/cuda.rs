@@ -38,6 +38,7 @@ use cuda_rt::timing::EventTrail;
 use cuda_rt::{Gpu, Jit};
 use fp_formats::bf16;
 mod batch;
+mod views;
 
 pub use batch::{DeviceBatch, driver};
 pub use megamoe_kernel::fused::{ActivationFormat, DeviceIo, IndexWidth};
@@ -46,6 +47,7 @@ use megamoe_kernel::unfused::{Pipeline, UnfusedError};
 use megamoe_kernel::{Routes, transform_l1_weights, transform_weights};
 use symm_mem::world::RankOutput;
 use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
+pub use views::{ActivationsView, IdsView, InputViews, TokenCount};
 
 use crate::{Config, Problem, RankInputs, RankWeights};
 
@@ -183,6 +185,21 @@ pub enum CudaError {
     /// A [`DeviceBatch`] asked to take what it was not made for (more tokens, another format).
     #[error("device batch: {0}")]
     Batch(String),
+    /// An engine's device tensor shorter than the forward needs ([`CudaRank::forward_views`]).
+    #[error("{tensor} holds {len} elements; a forward of {tokens} tokens needs {needed}")]
+    DeviceTensorLength {
+        tensor: &'static str,
+        len: usize,
+        tokens: usize,
+        needed: usize,
+    },
+    /// An engine's device tensor (or stream) on another GPU than the rank's.
+    #[error("{tensor} is on GPU {gpu}, the rank on GPU {rank_gpu}")]
+    DeviceTensorGpu {
+        tensor: &'static str,
+        gpu: usize,
+        rank_gpu: usize,
+    },
     #[error(
         "{} of {ranks} rank process(es) failed:\n{}",
         failed.len(),

@@ -9,7 +9,8 @@
 //! forward leaves the others with the timeout naming it; after `recover` the next forward works.
 //! An engine's BF16 activations and i64 expert ids give the bits of the host-quantized E4M3 and
 //! i32 forward, and an i64 id past i32's range is refused with its full value. A rank built from
-//! weights already on the device forwards as one built from the same weights on the host.
+//! weights already on the device forwards as one built from the same weights on the host. The
+//! safe layer over cudarc views gives the same bits and refuses a view shorter than T needs.
 
 use std::time::{Duration, Instant};
 
@@ -18,8 +19,8 @@ use cuda_rt::cudarc::driver::sys;
 use cuda_rt::{Arch, KernelSpec, LaunchConfig};
 use fp_formats::bf16;
 use megamoe::cuda::{
-    ActivationFormat, CudaError, CudaRank, DeviceBatch, DeviceRankWeights, ForwardPath, IndexWidth,
-    Placement, driver, run_local,
+    ActivationFormat, ActivationsView, CudaError, CudaRank, DeviceBatch, DeviceRankWeights,
+    ForwardPath, IdsView, IndexWidth, InputViews, Placement, TokenCount, driver, run_local,
 };
 use megamoe::{Config, RankInputs, Recipe};
 use megamoe_kernel::protocol::ProtocolError;
@@ -381,6 +382,62 @@ fn weights_on_the_device_give_the_host_weights_forward() {
             ys[1].len()
         );
         assert_eq!(same_bits(&ys[0], &ys[1]), 0, "weights read from the device");
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e:?}"));
+}
+
+/// The safe layer (`CudaRank::forward_views`): an engine's cudarc tensors — BF16 x and i64 ids
+/// here — give the host-quantized forward's bits; a view shorter than T needs is refused by name
+/// before anything is queued, and the next forward works.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn forward_views_checks_lengths_and_gives_the_host_bits() {
+    let config = Config::tiny().with_recipe(Recipe::G128);
+    let routes = Routes::both(Mma::Fp8);
+    let max = 64;
+    let p = generated_problem(config, max, 117, 0.1);
+    run_local(Placement::one_gpu(1), |world| {
+        let gpu = world.local_gpu();
+        let mut rank = CudaRank::new(world.clone(), &config, max, routes, &p.weights[0])?;
+        rank.warm_up_fused()?;
+        let stream = driver("new_stream", gpu.stream().context().new_stream())?;
+        let tokens = 40;
+        let routed = p.inputs[0].first(&config, tokens);
+        let x = bf16_activations(tokens, config.hidden, 118);
+        let want = {
+            let tile = rank.pipeline().fused_tile(tokens, None);
+            host_y(&mut rank, &host_quantized(&config, &routed, &x), tile)?
+        };
+        let bits: Vec<u16> = x.iter().map(|v| v.to_bits()).collect();
+        let x_dev = driver("cuMemcpyHtoD", stream.clone_htod(&bits))?;
+        let ids = driver("cuMemcpyHtoD", stream.clone_htod(&routed.topk_idx))?;
+        let weights = driver("cuMemcpyHtoD", stream.clone_htod(&routed.topk_weights))?;
+        let poison = vec![0xffffu16; tokens * config.hidden];
+        let mut y = driver("cuMemcpyHtoD", stream.clone_htod(&poison))?;
+        let inputs = |ids_len: usize| InputViews {
+            activations: ActivationsView::Bf16 { x: x_dev.as_view() },
+            topk_idx: IdsView::I64(ids.slice(..ids_len)),
+            topk_weights: weights.as_view(),
+            tokens: TokenCount::Host(tokens),
+        };
+        match rank.forward_views(&stream, &inputs(ids.len() - 1), &mut y.as_view_mut()) {
+            Err(CudaError::DeviceTensorLength { tensor, .. }) => assert_eq!(tensor, "topk_idx"),
+            other => panic!("a short topk_idx view gave {other:?}"),
+        }
+        rank.forward_views(&stream, &inputs(ids.len()), &mut y.as_view_mut())?;
+        driver("synchronize", stream.synchronize())?;
+        rank.check_device_forward()?;
+        let got: Vec<bf16> = driver("cuMemcpyDtoH", stream.clone_dtoh(&y))?
+            .into_iter()
+            .map(bf16::from_bits)
+            .collect();
+        eprintln!(
+            "forward_views: {} of {} values differ from the host-quantized forward",
+            same_bits(&got, &want),
+            want.len()
+        );
+        assert_eq!(same_bits(&got, &want), 0, "forward_views");
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e:?}"));
