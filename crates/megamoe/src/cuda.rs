@@ -445,6 +445,11 @@ impl CudaRank {
         let pipe =
             unsafe { Pipeline::new(gpu, &jit, shape, world.rank(), &w1, &w2, symm.bases()) }?;
         gpu.synchronize()?;
+        // Every rank's buffer is filled and its barrier signals are 0 before any rank returns: a
+        // device forward has no host meeting of its own, and a rank that queued one while a peer
+        // still built its pipeline would read the peer's poisoned signals as arrivals and have
+        // its dispatch rows overwritten by the peer's fill.
+        world.barrier()?;
         let marks = EventTrail::new(gpu, FORWARD_MARKS)?;
         Ok(Self {
             world,

@@ -551,7 +551,7 @@ fn a_rank_that_never_launches_times_out_and_the_next_forward_works() {
         let mut dev = DeviceBatch::new(&stream, &config, tokens)?;
         dev.upload(&p.inputs[r])?;
         // Both ranks warm (a cold JIT cache keeps one compiling for seconds) before the first
-        // forward, whose device meetings then wait well within the short timeout.
+        // forward, whose device meetings then wait well within this test's short timeout.
         world.barrier()?;
         let forward = |rank: &mut CudaRank| -> Result<Duration, CudaError> {
             let clock = Instant::now();
