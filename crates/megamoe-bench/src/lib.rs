@@ -348,6 +348,9 @@ fn time_points(
     // Timed forwards alternate: with stage marks (the shares) and without (the wall and span:
     // each mark costs a forward ≈ 1–1.5 µs of GPU time).
     let mut time_point = |point: &RankInputs, path: ForwardPath| -> Result<PathTimes, CudaError> {
+        // The rows print once a route's points are all timed; this line says which point runs
+        // (one that never ends is named by the last of them).
+        tracing::info!(recipe = %config.recipe, %routes, tokens = point.tokens, %path, "timing");
         rank.set_path(path);
         rank.set_stage_marks(true);
         rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
