@@ -800,10 +800,14 @@ struct Producer {
     if (ld_acquire_gpu(count) < (u32)p.arrivals_needed) poll_row_arrivals(p, count, row0);
     fence_proxy_async_global();
   }
-  // Gives up after kLocalWaitTimeoutNs into the error word.
+  // Gives up after kLocalWaitTimeoutNs into the error word — or at once when the word is set
+  // already: a wait that gave up voids the launch (and the core's later ones: the word is never
+  // reset), so the tiles after it do not each wait out a timeout of their own, which for a
+  // launch of many tiles would be a hang in all but name.
   __device__ __noinline__ static void poll_row_arrivals(const GemmParams& p, const u32* count, int row0) {
     const unsigned long long start = barriers::ptx::globaltimer();
     while (ld_acquire_gpu(count) < (u32)p.arrivals_needed) {
+      if (barriers::ptx::ld_relaxed_gpu(p.error) != 0) return;
       const unsigned long long waited = barriers::ptx::globaltimer() - start;
       if (waited > kLocalWaitTimeoutNs) {
         barriers::ptx::atom_cas_relaxed_gpu(
