@@ -108,32 +108,32 @@ impl DeviceIo {
     /// of `y` (a tensor of its own, or a row slice of one, is aligned so). A forward of no tokens
     /// reads and writes none of them (an empty tensor's address may be null).
     pub fn check_addresses(&self) -> Result<(), UnfusedError> {
-        let mut needed = vec![
-            ("x", self.x, 16),
-            ("topk_weights", self.topk_weights, 4),
-            ("y", self.y, 16),
-            (
-                "topk_idx",
-                self.topk_idx,
-                match self.topk_idx_width {
-                    IndexWidth::I32 => 16,
-                    IndexWidth::I64 => 8,
-                },
-            ),
-        ];
-        if self.x_format == ActivationFormat::E4m3 {
-            needed.push(("x_sf", self.x_sf, 1));
-        }
-        if self.tokens_dev != 0 {
-            needed.push(("tokens_dev", self.tokens_dev, 4));
-        } else if self.tokens == 0 {
+        if self.tokens == 0 && self.tokens_dev == 0 {
             return Ok(());
         }
-        match needed
+        let ids_align = match self.topk_idx_width {
+            IndexWidth::I32 => 16,
+            IndexWidth::I64 => 8,
+        };
+        // (field, address, alignment, whether the kernel reads it)
+        let fields = [
+            ("x", self.x, 16, true),
+            (
+                "x_sf",
+                self.x_sf,
+                1,
+                self.x_format == ActivationFormat::E4m3,
+            ),
+            ("topk_idx", self.topk_idx, ids_align, true),
+            ("topk_weights", self.topk_weights, 4, true),
+            ("y", self.y, 16, true),
+            ("tokens_dev", self.tokens_dev, 4, self.tokens_dev != 0),
+        ];
+        match fields
             .into_iter()
-            .find(|&(_, address, align)| address == 0 || address % align != 0)
+            .find(|&(_, address, align, read)| read && (address == 0 || address % align != 0))
         {
-            Some((field, address, align)) => Err(UnfusedError::DeviceAddress {
+            Some((field, address, align, _)) => Err(UnfusedError::DeviceAddress {
                 field,
                 address,
                 align,

@@ -49,6 +49,7 @@ use symm_mem::world::RankOutput;
 use symm_mem::{ProcessEnv, SymmAllocation, World, WorldError, spawn_ranks};
 pub use views::{ActivationsView, IdsView, InputViews, TokenCount};
 
+use crate::problem::weight_shapes;
 use crate::{Config, Problem, RankInputs, RankWeights};
 
 /// How long [`spawn_rank_processes`] lets the rank processes run before it kills them (each
@@ -390,12 +391,8 @@ impl CudaRank {
         routes: impl Into<Routes>,
         weights: &DeviceRankWeights,
     ) -> Result<Self, CudaError> {
-        let (h, i, el) = (
-            config.hidden,
-            config.intermediate,
-            config.experts_per_rank(),
-        );
         let gpu = world.local_gpu();
+        let [w1, w1_sf, w2, w2_sf] = weight_shapes(config).map(|(_, shape)| shape.iter().product());
         let read = |ptr: u64, bytes: usize| -> Result<Vec<u8>, CudaError> {
             let mut host = vec![0u8; bytes];
             // SAFETY: the caller's contract: `bytes` bytes of the tensor at `ptr` on this GPU.
@@ -403,10 +400,10 @@ impl CudaRank {
             Ok(host)
         };
         let host = RankWeights {
-            w1: read(weights.w1, el * 2 * i * h / 2)?,
-            w1_sf: read(weights.w1_sf, el * 2 * i * h / 32)?,
-            w2: read(weights.w2, el * h * i / 2)?,
-            w2_sf: read(weights.w2_sf, el * h * i / 32)?,
+            w1: read(weights.w1, w1)?,
+            w1_sf: read(weights.w1_sf, w1_sf)?,
+            w2: read(weights.w2, w2)?,
+            w2_sf: read(weights.w2_sf, w2_sf)?,
         };
         Self::new(world, config, max_tokens, routes, &host)
     }

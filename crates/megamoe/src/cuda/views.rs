@@ -14,6 +14,7 @@ use cuda_rt::cudarc::driver::{
 
 use super::{ActivationFormat, CudaError, CudaRank, DeviceIo, IndexWidth};
 use crate::Config;
+use crate::problem::input_shapes;
 
 /// An engine's activations on the device.
 pub enum ActivationsView<'a> {
@@ -57,16 +58,14 @@ fn needed_elements(
     tokens: usize,
     x_format: ActivationFormat,
 ) -> Vec<(&'static str, usize)> {
-    let (h, g, k) = (config.hidden, config.act_group(), config.top_k);
-    let mut needed = vec![("x", tokens * h)];
+    // The canonical inputs' shapes (y is x's); BF16 x has as many elements as E4M3 x, and no scales.
+    let elements = |(name, shape): (&'static str, Vec<usize>)| (name, shape.iter().product());
+    let [x, x_sf, topk_idx, topk_weights] = input_shapes(config, tokens).map(elements);
+    let mut needed = vec![x];
     if x_format == ActivationFormat::E4m3 {
-        needed.push(("x_sf", tokens * h / g));
+        needed.push(x_sf);
     }
-    needed.extend([
-        ("topk_idx", tokens * k),
-        ("topk_weights", tokens * k),
-        ("y", tokens * h),
-    ]);
+    needed.extend([topk_idx, topk_weights, ("y", x.1)]);
     needed
 }
 
