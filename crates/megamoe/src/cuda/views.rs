@@ -33,6 +33,21 @@ pub enum IdsView<'a> {
     I64(CudaView<'a, i64>),
 }
 
+impl IdsView<'_> {
+    fn len(&self) -> usize {
+        match self {
+            IdsView::I32(v) => v.len(),
+            IdsView::I64(v) => v.len(),
+        }
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        match self {
+            IdsView::I32(v) => v.stream(),
+            IdsView::I64(v) => v.stream(),
+        }
+    }
+}
+
 /// How many tokens the forward takes.
 pub enum TokenCount<'a> {
     /// T, known on the host.
@@ -107,23 +122,35 @@ impl CudaRank {
             TokenCount::Host(t) => (*t, None),
             TokenCount::Device { t, max } => (*max, Some(t)),
         };
-        let (x_format, x_len, x_sf_len) = match &inputs.activations {
+        // Every tensor as (name, elements, stream), in `needed_elements`' order.
+        let mut tensors: Vec<(&'static str, usize, &Arc<CudaStream>)> = Vec::with_capacity(5);
+        let x_format = match &inputs.activations {
             ActivationsView::E4m3 { x, x_sf } => {
-                (ActivationFormat::E4m3, x.len(), Some(x_sf.len()))
+                tensors.extend([
+                    ("x", x.len(), x.stream()),
+                    ("x_sf", x_sf.len(), x_sf.stream()),
+                ]);
+                ActivationFormat::E4m3
             }
-            ActivationsView::Bf16 { x } => (ActivationFormat::Bf16, x.len(), None),
+            ActivationsView::Bf16 { x } => {
+                tensors.push(("x", x.len(), x.stream()));
+                ActivationFormat::Bf16
+            }
         };
-        let (topk_idx_width, ids_len) = match &inputs.topk_idx {
-            IdsView::I32(v) => (IndexWidth::I32, v.len()),
-            IdsView::I64(v) => (IndexWidth::I64, v.len()),
+        let topk_idx_width = match &inputs.topk_idx {
+            IdsView::I32(_) => IndexWidth::I32,
+            IdsView::I64(_) => IndexWidth::I64,
         };
-        let mut lens = vec![("x", x_len)];
-        lens.extend(x_sf_len.map(|n| ("x_sf", n)));
-        lens.extend([
-            ("topk_idx", ids_len),
-            ("topk_weights", inputs.topk_weights.len()),
-            ("y", y.len()),
+        tensors.extend([
+            ("topk_idx", inputs.topk_idx.len(), inputs.topk_idx.stream()),
+            (
+                "topk_weights",
+                inputs.topk_weights.len(),
+                inputs.topk_weights.stream(),
+            ),
+            ("y", y.len(), y.stream()),
         ]);
+        let lens: Vec<_> = tensors.iter().map(|&(name, len, _)| (name, len)).collect();
         check_lengths(&self.config, tokens, x_format, &lens)?;
         if let Some(t) = tokens_dev
             && t.is_empty()
@@ -137,20 +164,7 @@ impl CudaRank {
         }
 
         let ordinal = self.world.local_gpu().ordinal();
-        let mut streams: Vec<(&'static str, &Arc<CudaStream>)> = vec![
-            ("topk_weights", inputs.topk_weights.stream()),
-            ("y", y.stream()),
-        ];
-        match &inputs.activations {
-            ActivationsView::E4m3 { x, x_sf } => {
-                streams.extend([("x", x.stream()), ("x_sf", x_sf.stream())])
-            }
-            ActivationsView::Bf16 { x } => streams.push(("x", x.stream())),
-        }
-        match &inputs.topk_idx {
-            IdsView::I32(v) => streams.push(("topk_idx", v.stream())),
-            IdsView::I64(v) => streams.push(("topk_idx", v.stream())),
-        }
+        let mut streams: Vec<_> = tensors.iter().map(|&(name, _, s)| (name, s)).collect();
         streams.extend(tokens_dev.map(|t| ("tokens", t.stream())));
         streams.push(("stream", stream));
         if let Some(&(tensor, s)) = streams
