@@ -1,5 +1,5 @@
 //! One rank's batch in device memory, as an engine holds it: `x`, `x_sf`, `topk_idx`,
-//! `topk_weights` and `y` sized for a most T (E4M3 or BF16 `x`, i32 or i64 ids), plus a device T
+//! `topk_weights` and `y` sized for at most T (E4M3 or BF16 `x`, i32 or i64 ids), plus a device T
 //! for captured graphs — the buffers a
 //! [`DeviceIo`] points at ([`CudaRank::forward_device`](super::CudaRank::forward_device)). An
 //! engine whose tensors already live on the GPU builds its `DeviceIo` from its own; this is the
