@@ -389,12 +389,15 @@ struct Consumer {
   // more there (lag 1 without it: -4 %, v41c; with it at 232 registers: -2 %, v45).
   static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
   static constexpr int kTempSets = kLag + 1;
-  // The main loop runs on the first kN tokens of the tile (BN, or fewer for two-CTA tiles whose
-  // rows fit: less wgmma and promotion work). FP8 chunks of that: chunk h is the kNsub tokens from
-  // h kNsub (the last one narrower when kN is not a multiple), all four k32 steps of the stage.
+  // The main loop runs on the first kN tokens of the tile (BN, or fewer when the tile's rows fit:
+  // less wgmma and promotion work). FP8 chunks of that: chunk h is the kNsub tokens from h kNsub
+  // (the last one narrower when kN is not a multiple), all four k32 steps of the stage. A loop of
+  // fewer chunks than kLag promotes each chunk one chunk later (a trip's stage 0 must be done
+  // before the next trip decodes into its fragments).
   template <int kN>
   struct Active {
     static constexpr int kChunks = (kN + kNsub - 1) / kNsub;
+    static constexpr int kLag = kChunks < Consumer::kLag ? kChunks : Consumer::kLag;
     __host__ __device__ static constexpr int width(int h) { return kN - h * kNsub < kNsub ? kN - h * kNsub : kNsub; }
   };
   // Fragments per parity. FP8: a whole stage (4 k32 steps x 4). BF16: half a stage (4 k16 steps
@@ -674,23 +677,23 @@ struct Consumer {
   }
 
   // FP8, step c of a trip of kTripStages stages (c = stage parity x kChunks + chunk): the chunk goes
-  // into temp set c % kTempSets, then chunk c - kLag is promoted, so kLag chunks of this warpgroup
-  // stay queued on the tensor core while its warps promote. The trip's last kLag chunks are
-  // promoted by fp8_drain, after the next stage's decode. Stage 1 is decoded once stage 0's last
-  // chunk is issued.
+  // into temp set c % kTempSets, then chunk c - lag is promoted (lag: Active<kN>::kLag), so lag
+  // chunks of this warpgroup stay queued on the tensor core while its warps promote. The trip's
+  // last lag chunks are promoted by fp8_drain, after the next stage's decode. Stage 1 is decoded
+  // once stage 0's last chunk is issued.
   template <int kN, int kTripStages, int c = 0>
   __device__ __forceinline__ void fp8_trip() {
-    constexpr int kChunks = Active<kN>::kChunks;
+    constexpr int kChunks = Active<kN>::kChunks, lag = Active<kN>::kLag;
     if constexpr (c < kTripStages * kChunks) {
       issue_fp8<kN, c / kChunks, c % kTempSets, c % kChunks>();
-      if constexpr (c >= kLag) fp8_promote<kN, c - kLag, kLag>();
+      if constexpr (c >= lag) fp8_promote<kN, c - lag, lag>();
       if constexpr (kTripStages == 2 && c == kChunks - 1) load_stage<1>();
       fp8_trip<kN, kTripStages, c + 1>();
     }
   }
   // FP8, end of a trip: the chunks not yet promoted, oldest first.
-  template <int kN, int kTripStages, int d = (kTripStages * Active<kN>::kChunks > kLag
-                                                  ? kTripStages * Active<kN>::kChunks - kLag
+  template <int kN, int kTripStages, int d = (kTripStages * Active<kN>::kChunks > Active<kN>::kLag
+                                                  ? kTripStages * Active<kN>::kChunks - Active<kN>::kLag
                                                   : 0)>
   __device__ __forceinline__ void fp8_drain() {
     constexpr int kSteps = kTripStages * Active<kN>::kChunks;
@@ -732,7 +735,7 @@ struct Consumer {
       }
     } else if constexpr (kFp8) {
       // The next trip's stage 0 is decoded before the drain: stage 0's chunks are done by then.
-      static_assert(Active<kN>::kChunks >= kLag, "a trip's stage 0 must be done before its drain");
+      static_assert(Active<kN>::kChunks >= Active<kN>::kLag, "a trip's stage 0 must be done before its drain");
       load_stage<0>();
       int kb = 0;
       for (; kb + 1 < k_blocks; kb += 2) {
@@ -953,17 +956,24 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
     const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
     for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, p.error, first + q);
   }
-  // 256-token tiles: an expert's last token block runs on its rows rounded up to 64 tokens
-  // (BF16: 64 or 128; it has no n192 wgmma here). Most experts at large T hold a few rows more
-  // than a multiple of 256.
-  constexpr bool kShortTail = BN == 256 && C::kCtasPerSm == 1;
+  // One-CTA tiles of 128 and 256 tokens: a tile whose rows end early runs on its rows rounded up
+  // to a main loop built for fewer tokens — 64 of 128; 64, 128 and (FP8) 192 of 256 (BF16 has no
+  // n192 wgmma here). The token tile is sized to cover most experts in one block, so at mid T
+  // (128-token tiles, ≈ 64 rows per expert) about half the tiles hold ≤ 64 rows, and at large T
+  // most experts' last block holds a few rows past a multiple of 256. FP8 loops of whole 64-token
+  // chunks only: one of 80 or 96 tokens (a narrower last chunk, or two of 48) makes ptxas
+  // serialize the wgmmas (C7511) or spill.
   constexpr bool kFp8 = C::kFp8Route;
-  if (kShortTail && rows <= 64) {
-    c.template mainloop<kShortTail ? 64 : BN>(blocks);
-  } else if (kShortTail && rows <= 128) {
-    c.template mainloop<kShortTail ? 128 : BN>(blocks);
-  } else if (kShortTail && kFp8 && rows <= 192) {
-    c.template mainloop<kShortTail && kFp8 ? 192 : BN>(blocks);
+  constexpr bool kShortTail = BN >= 128 && C::kCtasPerSm == 1;
+  constexpr int kTail1 = kShortTail ? 64 : BN;
+  constexpr int kTail2 = kShortTail && BN == 256 ? 128 : BN;
+  constexpr int kTail3 = kShortTail && BN == 256 && kFp8 ? 192 : BN;
+  if (kShortTail && rows <= kTail1) {
+    c.template mainloop<kTail1>(blocks);
+  } else if (kTail2 < BN && rows <= kTail2) {
+    c.template mainloop<kTail2>(blocks);
+  } else if (kTail3 < BN && rows <= kTail3) {
+    c.template mainloop<kTail3>(blocks);
   } else if (kNarrowTiles && rows <= BN / 2) {
     c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
   } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
