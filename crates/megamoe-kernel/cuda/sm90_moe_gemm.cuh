@@ -734,8 +734,8 @@ struct Consumer {
         fp8_drain<kN, 1>();
       }
     } else if constexpr (kFp8) {
-      // The next trip's stage 0 is decoded before the drain: stage 0's chunks are done by then.
-      static_assert(Active<kN>::kChunks >= Active<kN>::kLag, "a trip's stage 0 must be done before its drain");
+      // The next trip's stage 0 is decoded before the drain: stage 0's chunks are done by then
+      // (Active<kN>::kLag is at most the chunks of a stage).
       load_stage<0>();
       int kb = 0;
       for (; kb + 1 < k_blocks; kb += 2) {
@@ -968,7 +968,7 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
   constexpr int kTail1 = kShortTail ? 64 : BN;
   constexpr int kTail2 = kShortTail && BN == 256 ? 128 : BN;
   constexpr int kTail3 = kShortTail && BN == 256 && kFp8 ? 192 : BN;
-  if (kShortTail && rows <= kTail1) {
+  if (kTail1 < BN && rows <= kTail1) {
     c.template mainloop<kTail1>(blocks);
   } else if (kTail2 < BN && rows <= kTail2) {
     c.template mainloop<kTail2>(blocks);
