@@ -103,6 +103,10 @@ pub const ENTRIES: &[Entry] = &[
         "megamoe-kernel.lib::gemm::tests::a_lost_split_part_times_out_into_the_error_word",
     ),
     entry(
+        "gemm",
+        "megamoe-kernel.gpu_gemm::a_ring_wait_that_never_ends_gives_up_into_the_error_word",
+    ),
+    entry(
         "unfused glue",
         "megamoe-kernel.gpu_unfused::device_routes_match_their_host_twin",
     ),

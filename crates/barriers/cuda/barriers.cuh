@@ -36,6 +36,7 @@ constexpr u64 kErrorKindLocalTimeout = 2;
 constexpr u32 kErrorLocalWaitShift = 52;
 constexpr u32 kLocalWaitSplitTail = 1;  // the grouped GEMM's split-tail hand-over (megamoe-kernel)
 constexpr u32 kLocalWaitRowArrivals = 2;  // the fused L2 GEMM's wait for its rows' L1 tiles (megamoe-kernel)
+constexpr u32 kLocalWaitRing = 3;  // a grouped GEMM CTA's wait on its own ring's mbarriers (megamoe-kernel)
 
 __device__ __forceinline__ u64 error_wait_field(u64 waited_ns) {
     const u64 wait = waited_ns >> kErrorWaitUnitLog2;

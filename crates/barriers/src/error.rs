@@ -17,6 +17,8 @@ pub const ERROR_LOCAL_WAIT_SHIFT: u32 = 52;
 pub const ERROR_LOCAL_WAIT_SPLIT_TAIL: u64 = 1;
 /// Local wait code of [`LocalWait::RowArrivals`].
 pub const ERROR_LOCAL_WAIT_ROW_ARRIVALS: u64 = 2;
+/// Local wait code of [`LocalWait::Ring`].
+pub const ERROR_LOCAL_WAIT_RING: u64 = 3;
 /// Bits 51..32: how long the barrier waited, in units of 2^[`ERROR_WAIT_UNIT_LOG2`] ns, saturating.
 pub const ERROR_WAIT_SHIFT: u32 = 32;
 /// The wait is stored in units of 2^20 ns (about 1.05 ms): the device divides with a shift.
@@ -33,6 +35,10 @@ pub enum LocalWait {
     /// The fused forward's L2 GEMM (megamoe-kernel's `sm90_mega_moe.cuh`): a tile's producer waits
     /// until every L1 tile of its pool rows has stored them; the detail is the tile's first row.
     RowArrivals,
+    /// A grouped GEMM CTA's wait on its own ring (megamoe-kernel's `sm90_moe_gemm.cuh`): a stage's
+    /// loads, a stage's release or the epilogue's hand-off never completed, so the CTA's roles
+    /// fell out of step; the detail is the CTA.
+    Ring,
 }
 
 impl LocalWait {
@@ -41,6 +47,7 @@ impl LocalWait {
         match code {
             ERROR_LOCAL_WAIT_SPLIT_TAIL => Some(Self::SplitTailHandOver),
             ERROR_LOCAL_WAIT_ROW_ARRIVALS => Some(Self::RowArrivals),
+            ERROR_LOCAL_WAIT_RING => Some(Self::Ring),
             _ => None,
         }
     }
@@ -51,6 +58,7 @@ impl std::fmt::Display for LocalWait {
         f.write_str(match self {
             Self::SplitTailHandOver => "the GEMM's split-tail hand-over of slot",
             Self::RowArrivals => "the L2 GEMM's wait for the L1 tiles of pool row",
+            Self::Ring => "the GEMM ring's wait (a stage, its release or the hand-off) of CTA",
         })
     }
 }
@@ -71,11 +79,12 @@ pub enum BarrierError {
         epoch: u32,
         waited_ns: u64,
     },
-    /// An in-kernel wait gave up after `waited_ns` (a lower bound, in steps of 2^20 ns): the CTA
-    /// it waited for never delivered, so the kernel's results are void.
+    /// An in-kernel wait gave up after `waited_ns` (a lower bound, in steps of 2^20 ns): what it
+    /// waited for (another CTA's hand-over, or its own ring) never came, so the kernel's results
+    /// are void.
     #[error(
-        "in-kernel wait timed out: {wait} {detail} gave up after {:.1} ms (a CTA it waited for never \
-         delivered; the kernel's results are void)",
+        "in-kernel wait timed out: {wait} {detail} gave up after {:.1} ms (what it waited for never \
+         came; the kernel's results are void)",
         *waited_ns as f64 / 1e6
     )]
     LocalTimeout {
@@ -127,6 +136,7 @@ mod tests {
         let rank_timeout = (1u64 << 60) | (71 << 52) | (5000 << 32) | 0xDEAD_BEEF;
         let local_timeout = (2u64 << 60) | (1 << 52) | (4768 << 32) | 42;
         let row_wait = (2u64 << 60) | (2 << 52) | (4768 << 32) | 4096;
+        let ring_wait = (2u64 << 60) | (3 << 52) | (4768 << 32) | 131;
         for (word, decoded, in_message) in [
             (
                 rank_timeout,
@@ -154,6 +164,18 @@ mod tests {
                     waited_ns: 4768 << 20,
                 },
                 ["L1 tiles of pool row 4096", "4999.6 ms"],
+            ),
+            (
+                ring_wait,
+                BarrierError::LocalTimeout {
+                    wait: LocalWait::Ring,
+                    detail: 131,
+                    waited_ns: 4768 << 20,
+                },
+                [
+                    "ring's wait (a stage, its release or the hand-off) of CTA 131",
+                    "4999.6 ms",
+                ],
             ),
         ] {
             assert_eq!(check_error_word(word), Err(decoded));

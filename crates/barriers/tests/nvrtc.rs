@@ -3,9 +3,9 @@
 //! words lie where the caller puts them.
 
 use barriers::error::{
-    ERROR_KIND_LOCAL_TIMEOUT, ERROR_KIND_RANK_TIMEOUT, ERROR_KIND_SHIFT, ERROR_LOCAL_WAIT_SHIFT,
-    ERROR_LOCAL_WAIT_SPLIT_TAIL, ERROR_RANK_SHIFT, ERROR_WAIT_MAX, ERROR_WAIT_SHIFT,
-    ERROR_WAIT_UNIT_LOG2,
+    ERROR_KIND_LOCAL_TIMEOUT, ERROR_KIND_RANK_TIMEOUT, ERROR_KIND_SHIFT, ERROR_LOCAL_WAIT_RING,
+    ERROR_LOCAL_WAIT_ROW_ARRIVALS, ERROR_LOCAL_WAIT_SHIFT, ERROR_LOCAL_WAIT_SPLIT_TAIL,
+    ERROR_RANK_SHIFT, ERROR_WAIT_MAX, ERROR_WAIT_SHIFT, ERROR_WAIT_UNIT_LOG2,
 };
 use barriers::{BarrierWords, CUDA_HEADER, kernels};
 use cuda_rt::Arch;
@@ -55,6 +55,8 @@ fn header_error_constants_are_the_hosts() {
             u64::from(ERROR_LOCAL_WAIT_SHIFT),
         ),
         ("u32 kLocalWaitSplitTail", ERROR_LOCAL_WAIT_SPLIT_TAIL),
+        ("u32 kLocalWaitRowArrivals", ERROR_LOCAL_WAIT_ROW_ARRIVALS),
+        ("u32 kLocalWaitRing", ERROR_LOCAL_WAIT_RING),
     ] {
         let line = format!("constexpr {name} = {value};");
         assert!(text.contains(&line), "barriers.cuh lacks `{line}`");

@@ -143,11 +143,14 @@ __device__ __forceinline__ void over_warps(int items, int max_parts, F f) {
 template <int kUnroll>
 __device__ __forceinline__ int max_parts(int units) { return max(1, units / (32 * kUnroll)); }
 
-// Units each lane of the glue stages loads before it stores (sm90_unfused.cuh's kUnroll): with a
-// CTA of 384 threads per SM, as many loads in flight as the unfused launches' 16 CTAs of 128; two
-// CTAs per SM (80 registers a thread at the glue stages, small T) take half.
+// Units each lane of the glue stages loads before it stores (sm90_unfused.cuh's kUnroll): a CTA of
+// 384 threads per SM has a fifth of the unfused launches' warps (16 CTAs of 128), so each lane
+// keeps several units in flight; two CTAs per SM (80 registers a thread, small T) take fewer.
 template <int kCtasPerSm>
-constexpr int kGlueUnroll = kCtasPerSm == 1 ? 4 : 2;
+constexpr int kGlueUnroll = kCtasPerSm == 1 ? 8 : 2;
+// Slot rows each lane of the top-k reduction loads at once (combine_reduce_token's kLoads).
+template <int kCtasPerSm>
+constexpr int kReduceLoads = kCtasPerSm == 1 ? 8 : 4;
 
 // The grouped GEMM of one layer: set up, its roles over this rank's pool with the layer's epilogue,
 // back to one thread group with every barrier of its ring invalidated. The shared memory's aligned
@@ -157,7 +160,7 @@ __device__ __forceinline__ void gemm_layer(const GemmParams& layer, const void* 
                                            const Epilogue& epi) {
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = sm90::align_smem(smem_raw);
-  Layer::setup(smem);
+  Layer::setup(layer, smem);
   Layer::roles(layer, act_map, out_map, epi, smem);
   Layer::rejoin(smem);
 }
@@ -194,11 +197,11 @@ __device__ __forceinline__ void combine_send(const MegaParams& p) {
   });
 }
 
-// 7b. combine reduce: tokens over the grid, the top-k sums into y (kUnroll slots' rows loaded at once).
-template <int kUnroll>
+// 7b. combine reduce: tokens over the grid, the top-k sums into y (kLoads slots' rows loaded at once).
+template <int kLoads>
 __device__ __forceinline__ void combine_reduce(const MegaParams& p) {
   over_warps(forward_tokens(p), max_parts<1>(p.combine_reduce.hidden / 8), [&](int token, int t, int threads) {
-    combine_reduce_token<kUnroll>(p.combine_reduce, token, t, threads);
+    combine_reduce_token<kLoads>(p.combine_reduce, token, t, threads);
   });
 }
 
@@ -317,7 +320,7 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
   // The ranks meet: every combine buffer holds its rows. 7b. the top-k sums.
   if (!meet_ranks(p)) return;
   stamp(p, 6);
-  if (planned(p)) combine_reduce<kUnroll>(p);
+  if (planned(p)) combine_reduce<kReduceLoads<L1::kCtasPerSm>>(p);
   stamp(p, 7);
 }
 

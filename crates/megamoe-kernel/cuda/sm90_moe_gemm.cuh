@@ -114,6 +114,58 @@ static_assert(sizeof(GemmParams) == 120, "GemmParams layout (megamoe-kernel/src/
 // short enough that a lost hand-over fails a forward within seconds.
 constexpr unsigned long long kLocalWaitTimeoutNs = 5'000'000'000ull;
 
+// The ring's waits (this CTA's own mbarriers: a stage's release, a stage's loads for the converter
+// warp, the epilogue's hand-off) are bounded as well. They end unless the CTA's roles are out of
+// step, so one that outlasts kLocalWaitTimeoutNs records a ring timeout (the CTA in the detail) in
+// the launch's error word and returns as if the phase had completed: the launch's results are
+// void, the host says so, and the GPU is not hung. From its second millisecond on a wait also
+// reads the word and returns at once when it is set, so the CTA's later waits do not each wait out
+// a timeout of their own. The word's address is in shared memory (Layout::kRingErrorAt, set by
+// Gemm::setup: a __shared__ variable of its own would cost the kernel its aligned shared base). The consumers wait for their stages with mbar_wait's plain loop: any code beside it
+// in their main loop costs them registers (ptxas spilled, or serialized the wgmmas, C7511), and
+// those waits end anyway, since every stage is filled by the producer thread and the converter
+// warp, whose waits here give up and go on.
+// One asm block with as few registers as it can: written in C++ (or its slow path as a call), the
+// clock, the word's address and the CTA index were held across the consumers' main loops, which
+// spilled (or, with a call, had every wgmma serialized, C7512). It counts the wait in the error
+// word's own unit (2^kErrorWaitUnitLog2 ns, by the low 32 bits of %globaltimer) and checks the
+// word once per unit; the timeout's word is encode_local_timeout's.
+__device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* error_at) {
+  constexpr unsigned long long kWordHigh =
+      (barriers::kErrorKindLocalTimeout << barriers::kErrorKindShift) |
+      ((unsigned long long)barriers::kLocalWaitRing << barriers::kErrorLocalWaitShift);
+  constexpr u32 kUnit = 1u << barriers::kErrorWaitUnitLog2;
+  constexpr u32 kTimeoutUnits = (u32)(kLocalWaitTimeoutNs >> barriers::kErrorWaitUnitLog2);
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .u32 start, now, units;\n.reg .u64 error, word;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE_%=;\n"
+      "mov.u32 start, %%globaltimer_lo;\n"
+      "mov.u32 units, 0;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE_%=;\n"
+      "mov.u32 now, %%globaltimer_lo;\n"
+      "sub.u32 now, now, start;\n"
+      "setp.lt.u32 p, now, %3;\n"
+      "@p bra WAIT_%=;\n"
+      "add.u32 start, start, %3;\n"
+      "add.u32 units, units, 1;\n"
+      "ld.shared.u64 error, [%2];\n"
+      "ld.relaxed.gpu.global.u64 word, [error];\n"
+      "setp.ne.u64 p, word, 0;\n"
+      "@p bra DONE_%=;\n"
+      "setp.le.u32 p, units, %4;\n"
+      "@p bra WAIT_%=;\n"
+      "mov.u32 now, %%ctaid.x;\n"
+      "mov.b64 word, {now, units};\n"
+      "or.b64 word, word, %5;\n"
+      "atom.relaxed.gpu.global.cas.b64 word, [error], 0, word;\n"
+      "DONE_%=:\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity), "r"(smem_addr(error_at)), "n"(kUnit), "n"(kTimeoutUnits), "n"(kWordHigh)
+      : "memory");
+}
+
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
 // kHandoff: the epilogue runs on the producer warpgroup's free warps (the epilogue warps), which
@@ -143,8 +195,9 @@ struct Layout {
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
-  // fold tables (15 x 8 B) and the launch's item count, the unit descriptors
-  static constexpr int kTableBytes = 128;
+  // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
+  // descriptors
+  static constexpr int kTableBytes = 144;
   // The producer's unit descriptors (UnitDesc), a ring one longer than the stages: it can run at
   // most kStages stages, so kStages units, ahead of the consumers' last read; with a hand-off two
   // longer, for the epilogue warps read a unit's descriptor while the consumers may be a unit on.
@@ -162,6 +215,7 @@ struct Layout {
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
   static constexpr int kTablesAt = kFullAt + kBarrierBytes;
   static constexpr int kItemsAt = kTablesAt + 120;  // after the 15 tables: the launch's item count
+  static constexpr int kRingErrorAt = kTablesAt + 128;  // the error word's address (ring_wait)
   static constexpr int kUnitsAt = kTablesAt + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
@@ -836,7 +890,7 @@ struct Producer {
       if (p.row_arrivals) wait_row_arrivals(p, row0);
       const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
       // The unit's descriptor goes out before the arrive that completes its first stage.
-      mbar_wait(&empty[stage], phase ^ 1);
+      ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
       units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
                              (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
                              p.timeline ? (u32)timeline::now() : 0u, (u32)n};
@@ -844,7 +898,7 @@ struct Producer {
       const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         u8* dst = smem + stage * L::kStageBytes;
-        mbar_wait(&empty[stage], phase ^ 1);
+        ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
         mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
         if constexpr (kCluster == 2) {
           // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
@@ -866,7 +920,7 @@ struct Producer {
       }
     }
     // The end of this CTA's work: a stage that completes without data, with an end mark.
-    mbar_wait(&empty[stage], phase ^ 1);
+    ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
     units[slot].kb_range = 0;
     units[slot].seq = (u32)n;
     mbar_arrive(&full[stage]);
@@ -888,12 +942,12 @@ struct ScaleConverter {
     int stage = 0, slot = 0;
     u32 phase = 0;
     for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-      mbar_wait(&full[stage], phase);  // the unit's first stage, or the end mark
+      ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
       for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
         u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
-        mbar_wait(&full[stage], phase);
+        ring_wait(&full[stage], phase, smem + L::kRingErrorAt);
         for (int i = lane; i < BN; i += 32)
           ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
         mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
@@ -1070,7 +1124,7 @@ struct Gemm {
   static constexpr u32 kLaunchRegs = 65536 / (kThreads * kCtas) / 8 * 8;
 
   // Every thread of the CTA, `smem` aligned to 1024 bytes.
-  __device__ __forceinline__ static void setup(u8* smem) {
+  __device__ __forceinline__ static void setup(const GemmParams& p, u8* smem) {
     u64* full = (u64*)(smem + L::kFullAt);
     u64* empty = (u64*)(smem + L::kEmptyAt);
     u64* scales_ready = (u64*)(smem + L::kScalesReadyAt);
@@ -1092,6 +1146,9 @@ struct Gemm {
     if constexpr (kFp8 && !kRegs) {
       if (threadIdx.x < 15) fold_table[threadIdx.x] = fp::e4m3_table((int)threadIdx.x - 8);  // d in [-8, 6]
     }
+    // The ring's waits report to p.error (stored apart from the barriers' set-up above: there,
+    // ptxas serialized the wgmmas of the two-CTA FP8 32-token kernels, C7511).
+    if (threadIdx.x == 0) *(unsigned long long**)(smem + L::kRingErrorAt) = p.error;
     // A cluster's CTAs arrive on each other's barriers and multicast into each other's stages: all
     // barriers are initialized before anyone starts, and nobody leaves while a peer may still do so.
     if constexpr (kCluster > 1) {
@@ -1133,12 +1190,25 @@ struct Gemm {
     if constexpr (kCluster > 1) cluster_sync();
   }
 
-  // Every thread of the CTA, after roles: back at kLaunchRegs (the consumers give theirs back
-  // before the producer warpgroup asks), every barrier of the ring invalidated.
+  // Every thread of the CTA, after roles: back at kLaunchRegs, every barrier of the ring
+  // invalidated. One branch for both directions: ptxas then knows every warpgroup leaves at
+  // kLaunchRegs (after two separate tests it held the code that follows to the producer's count,
+  // and the fused kernel's glue after the GEMMs spilled at 56 registers); the producer warpgroup
+  // increases once every consumer warp has decreased, all of them meeting at named barrier 4 in
+  // between (an increase that did not wait for them stopped the two-CTA BF16 fused kernel, perf.md
+  // v85; consumers that only arrived there, bar.arrive, made racecheck lose the CTA's barrier
+  // count, perf.md v86). The meeting before the invalidation is every warp's: setmaxnreg.inc
+  // returns once registers for its own warp are free, so thread 0 may pass it while consumer warps
+  // still wait on the ring's barriers.
   __device__ __forceinline__ static void rejoin(u8* smem) {
-    if (threadIdx.x >= 128) setmaxnreg_dec<kLaunchRegs>();
+    if (threadIdx.x < 128) {
+      named_bar_sync<4, kThreads>();
+      setmaxnreg_inc<kLaunchRegs>();
+    } else {
+      setmaxnreg_dec<kLaunchRegs>();
+      named_bar_sync<4, kThreads>();
+    }
     __syncthreads();
-    if (threadIdx.x < 128) setmaxnreg_inc<kLaunchRegs>();
     if (threadIdx.x == 0) {
       for (int s = 0; s < 3 * L::kStages; ++s) mbar_inval((u64*)(smem + L::kFullAt) + s);
       if constexpr (kHandoff) {
@@ -1160,7 +1230,7 @@ __device__ __forceinline__ void moe_gemm(const GemmParams& p, const void* act_ma
   cuda_rt::wait_for_predecessor();
   extern __shared__ __align__(1024) u8 smem_raw[];
   u8* smem = align_smem(smem_raw);
-  G::setup(smem);
+  G::setup(p, smem);
   G::roles(p, act_map, out_map, epi, smem);
 }
 

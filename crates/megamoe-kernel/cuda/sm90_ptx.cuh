@@ -60,6 +60,8 @@ __device__ __forceinline__ void mbar_expect_tx(u64* bar, u32 bytes) {
 __device__ __forceinline__ void mbar_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+// Until phase `parity` of `bar` completes, unbounded: the GEMM's consumers wait so for their
+// stages (sm90_moe_gemm.cuh's ring_wait says why that is bounded all the same).
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"

@@ -111,7 +111,7 @@ struct SwigluOut {
     // Read afresh (volatile): derived from the consumer's members, ptxas holds it across the main
     // loop, where it spills.
     const int tid = (int)sm90::fresh_tid_x() - 128, ch = 8 * (tid / 32) + tid % 32 / 4, t = tid % 4;
-    sm90::mbar_wait((u64*)(c.smem + L::kHandoffEmptyAt), (d.seq & 1) ^ 1);
+    gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt), (d.seq & 1) ^ 1, c.smem + L::kRingErrorAt);
     u32* words = reinterpret_cast<u32*>(c.smem + L::kEpilogueAt);
     // Block b: tokens 8b + 2t (+ 1), gate acc[4b (+ 1)], up acc[4b + 2 (+ 1)]; token 8b + x's
     // word of the channel is block 0's token x's plus 512 b words.
@@ -132,7 +132,7 @@ struct SwigluOut {
   template <class C>
   __device__ __forceinline__ void finish(C& c, const UnitDesc& end) const {
     using L = typename C::L;
-    sm90::mbar_wait((u64*)(c.smem + L::kHandoffEmptyAt), (end.seq & 1) ^ 1);
+    gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt), (end.seq & 1) ^ 1, c.smem + L::kRingErrorAt);
     sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt));
   }
 
@@ -211,7 +211,7 @@ struct SwigluOut {
     // Unit seq's descriptor is in the producer's ring (slot seq % kUnitSlots) until the consumers'
     // next unit but one (Layout::kUnitSlots).
     for (u32 seq = 0, slot = 0;; ++seq, slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-      sm90::mbar_wait((u64*)(smem + L::kHandoffFullAt), seq & 1);
+      gemm::ring_wait((u64*)(smem + L::kHandoffFullAt), seq & 1, smem + L::kRingErrorAt);
       const UnitDesc* desc = reinterpret_cast<const UnitDesc*>(smem + L::kUnitsAt) + slot;
       const int ch0 = desc->n_col / 2;  // the tile's first channel; a cluster's ghost tile: past I
       const int rows = ch0 < s.inter ? desc->rows : 0, row0 = desc->row0;

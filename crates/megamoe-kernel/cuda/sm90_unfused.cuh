@@ -256,6 +256,8 @@ __device__ __forceinline__ u16 bf16_rn(float f) {
   return (u16)(b >> 16);
 }
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((u32)h << 16); }
+// The line of global address p into L2, without a register to wait on.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Two E4M3 codes (byte 0 -> low half) times `scale` = 2^(b-127) as BF16x2, through the hardware's
 // exact E4M3 -> F16 conversion: exact for every finite code and the scales the pools see.
@@ -520,7 +522,8 @@ __device__ __forceinline__ const u16* combine_source(const CombineReduceParams& 
 // uf_combine_reduce: token t (< tokens); its channels over `threads` threads (this one is
 // `thread`; the lanes of a warp share the token), 8 at a time, each slot added in order. Lane j
 // finds slot j's source once (two dependent loads) and the warp reads it by shuffle: per chunk of
-// channels, kLoads slots' rows are loaded at once, none waits on an index.
+// channels, kLoads slots' rows are loaded at once, none waits on an index, and the chunk after
+// next of each is prefetched into L2.
 template <int kLoads = 4>
 __device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& p, int t, int thread, int threads) {
   const int lane = thread % 32;
@@ -542,6 +545,8 @@ __device__ __forceinline__ void combine_reduce_token(const CombineReduceParams& 
           const u16* src = reinterpret_cast<const u16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(block), (j + q) % 32));
           has[q] = j + q < n && src != nullptr && c < p.hidden;
           if (has[q]) v[q] = *reinterpret_cast<const uint4*>(src + c);
+          // The chunk after next on its way to L2 meanwhile (no register waits for it).
+          if (has[q] && c + 2 * threads * 8 < p.hidden) prefetch_l2(src + c + 2 * threads * 8);
         }
 #pragma unroll
         for (int q = 0; q < kLoads; ++q) {

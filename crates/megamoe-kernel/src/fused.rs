@@ -228,22 +228,17 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
         .define("MM_G", recipe.group())
         .define("MM_SMEM_BYTES", l1.smem_bytes().max(l2.smem_bytes()))
         .arches(&[Arch::Sm90a]);
-    // Known to fall short of registers: the L1's (TilePlan::known_register_shortfall); 4 B
-    // spilled by the BF16 L1 with two CTAs per SM (either recipe) and 8 B by the mx32 256-token
-    // kernel (values stored and reloaded once per tile; 2026-12-02, perf.md v80/v82).
-    let known_shortfall = l1.known_register_shortfall()
-        || (l1.mma == Mma::Bf16 && l1.ctas_per_sm == 2)
-        || (recipe == Recipe::Mx32 && l1.tokens_per_tile == 256);
+    // Known to fall short of registers: the L1's (TilePlan::known_register_shortfall), and 4 B
+    // spilled by the BF16 L1 with two CTAs per SM (either recipe; a value stored and reloaded once
+    // per tile; 2026-12-02, perf.md v80/v82).
+    let known_shortfall =
+        l1.known_register_shortfall() || (l1.mma == Mma::Bf16 && l1.ctas_per_sm == 2);
+    let spec = crate::with_gemm_headers(spec.header(MEGA_HEADER));
     Ok(if known_shortfall {
         spec
     } else {
         spec.no_spill()
-    }
-    .header(MEGA_HEADER)
-    .headers(crate::CUDA_HEADERS)
-    .headers(barriers::CUDA_HEADERS)
-    .header(cuda_rt::CUDA_HEADER)
-    .header(fp_formats::CUDA_HEADER))
+    })
 }
 
 /// The fused specializations `cargo xtask kernels` checks: each route pair a pipeline runs, at

@@ -466,8 +466,9 @@ impl TilePlan {
     }
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's
-    /// (`epilogue_bytes`), three mbarriers a stage (padded to 16 B), 128 B of FP8 fold tables
-    /// (and the launch's item count), and the producer's ring of unit descriptors.
+    /// (`epilogue_bytes`), three mbarriers a stage (padded to 16 B), 144 B of FP8 fold tables
+    /// (and the launch's item count and the ring's error word address), and the producer's ring of
+    /// unit descriptors.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
             + epilogue_bytes(
@@ -477,7 +478,7 @@ impl TilePlan {
                 self.epilogue,
             )
             + (24 * self.stages).next_multiple_of(16)
-            + 128
+            + 144
             + UNIT_DESC_BYTES * (self.stages + self.unit_slots_beyond_stages())
     }
 
@@ -492,26 +493,23 @@ impl TilePlan {
 
     /// The JIT specialization.
     pub fn spec(&self) -> KernelSpec {
-        let spec = self
-            .epilogue
-            .defines()
-            .into_iter()
-            .fold(
-                self.defined(
-                    KernelSpec::new(
-                        format!("megamoe-kernel/sm90_moe_gemm/{}", self.tag()),
-                        crate::GEMM_SOURCE,
+        let spec = crate::with_gemm_headers(
+            self.epilogue
+                .defines()
+                .into_iter()
+                .fold(
+                    self.defined(
+                        KernelSpec::new(
+                            format!("megamoe-kernel/sm90_moe_gemm/{}", self.tag()),
+                            crate::GEMM_SOURCE,
+                        ),
+                        "MM_",
                     ),
-                    "MM_",
-                ),
-                |spec, (name, value)| spec.define(name, value),
-            )
-            .define("MM_SMEM_BYTES", self.smem_bytes())
-            .arches(&[Arch::Sm90a])
-            .headers(crate::CUDA_HEADERS)
-            .headers(barriers::CUDA_HEADERS)
-            .header(cuda_rt::CUDA_HEADER)
-            .header(fp_formats::CUDA_HEADER);
+                    |spec, (name, value)| spec.define(name, value),
+                )
+                .define("MM_SMEM_BYTES", self.smem_bytes())
+                .arches(&[Arch::Sm90a]),
+        );
         if self.known_register_shortfall() {
             spec
         } else {
@@ -635,6 +633,22 @@ impl TilePlan {
             .find(|&bn| bn as f64 >= target)
             .unwrap_or(TOKEN_TILES[TOKEN_TILES.len() - 1])
     }
+}
+
+/// The GPU test kernel of the ring's bounded wait (`cuda/ring_wait_test.cu`): a barrier whose
+/// phase gets a chosen number of its two arrivals, waited for with `ring_wait`.
+pub fn ring_wait_test_spec() -> KernelSpec {
+    crate::with_gemm_headers(
+        KernelSpec::new(
+            "megamoe-kernel/ring_wait_test",
+            (
+                "ring_wait_test.cu",
+                include_str!("../cuda/ring_wait_test.cu"),
+            ),
+        )
+        .arches(&[Arch::Sm90a]),
+    )
+    .no_spill()
 }
 
 /// Every specialization, for `cargo xtask kernels`.

@@ -29,12 +29,13 @@ pub use transform::{
 };
 pub use unfused::{Pipeline, UnfusedError};
 
-/// Every kernel specialization of this crate (the grouped GEMM's and the unfused pipeline's glue),
-/// for `cargo xtask kernels`.
+/// Every kernel specialization of this crate (the grouped GEMM's, the unfused pipeline's glue, the
+/// fused forward's) and the ring wait's test kernel, for `cargo xtask kernels`.
 pub fn kernels() -> Vec<cuda_rt::KernelSpec> {
     let mut specs = gemm::kernels();
     specs.extend(unfused::kernels());
     specs.extend(fused::kernels());
+    specs.push(gemm::ring_wait_test_spec());
     specs
 }
 
@@ -50,6 +51,14 @@ pub const CUDA_HEADERS: [(&str, &str); 6] = [
     ("sm90_swiglu.cuh", include_str!("../cuda/sm90_swiglu.cuh")),
     ("timeline.cuh", include_str!("../cuda/timeline.cuh")),
 ];
+/// `spec` with every header the grouped GEMM's sources include: this crate's, the barriers',
+/// cuda-rt's and fp-formats'.
+fn with_gemm_headers(spec: cuda_rt::KernelSpec) -> cuda_rt::KernelSpec {
+    spec.headers(CUDA_HEADERS)
+        .headers(barriers::CUDA_HEADERS)
+        .header(cuda_rt::CUDA_HEADER)
+        .header(fp_formats::CUDA_HEADER)
+}
 /// The grouped GEMM's entry point, specialized with `-DMM_BN` and `-DMM_FP8`.
 pub const GEMM_SOURCE: (&str, &str) =
     ("sm90_moe_gemm.cu", include_str!("../cuda/sm90_moe_gemm.cu"));

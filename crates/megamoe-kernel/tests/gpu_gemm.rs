@@ -469,3 +469,64 @@ fn narrow_tiles_match_the_reference() {
         }
     }
 }
+
+/// The ring's bounded wait (`ring_wait`, every GEMM role's wait but the consumers' own stage
+/// waits): a phase that never completes makes it give up after the in-kernel timeout into the
+/// error word, which names the ring and a CTA of the launch; a later wait in a launch whose word is
+/// set gives up within milliseconds; a phase that completes leaves the word at 0.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_ring_wait_that_never_ends_gives_up_into_the_error_word() {
+    use barriers::{BarrierError, LocalWait, check_error_word};
+    use cuda_rt::LaunchConfig;
+    use std::time::{Duration, Instant};
+    let (gpu, module) =
+        cuda_rt::testing::gpu_with_module(&megamoe_kernel::gemm::ring_wait_test_spec());
+    let kernel = module.kernel("ring_wait_for_arrivals").unwrap();
+    let mut error = gpu.alloc_zeros::<u64>(1).unwrap();
+    let run = |error: &mut _, arrivals: u32| {
+        let start = Instant::now();
+        // SAFETY: ring_wait_for_arrivals(error: one u64, arrivals), 32 threads per CTA.
+        unsafe {
+            kernel
+                .launch(gpu.stream(), LaunchConfig::linear(3, 32))
+                .ptr_mut(error)
+                .scalar(arrivals)
+                .launch()
+                .unwrap();
+        }
+        gpu.synchronize().unwrap();
+        start.elapsed()
+    };
+    let took = run(&mut error, 2);
+    assert_eq!(
+        gpu.download(&error).unwrap()[0],
+        0,
+        "a completed phase is no error"
+    );
+    assert!(took < Duration::from_secs(1), "{took:?}");
+
+    let took = run(&mut error, 1);
+    let word = gpu.download(&error).unwrap()[0];
+    let err = check_error_word(word).expect_err("the wait gave up");
+    eprintln!("after {took:?}: {err}");
+    let BarrierError::LocalTimeout {
+        wait: LocalWait::Ring,
+        detail,
+        waited_ns,
+    } = err
+    else {
+        panic!("not a ring timeout: {err}");
+    };
+    assert!(detail < 3, "CTA {detail} of 3");
+    assert!(waited_ns >= 4_900_000_000, "{waited_ns} ns");
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+
+    // The word is set: the next launch's waits give up at their first check, the word unchanged.
+    let took = run(&mut error, 0);
+    assert_eq!(gpu.download(&error).unwrap()[0], word);
+    assert!(took < Duration::from_millis(500), "{took:?}");
+}
