@@ -1195,18 +1195,18 @@ struct Gemm {
   // kLaunchRegs (after two separate tests it held the code that follows to the producer's count,
   // and the fused kernel's glue after the GEMMs spilled at 56 registers); the producer warpgroup
   // increases once every consumer warp has decreased, all of them meeting at named barrier 4 in
-  // between (an increase that did not wait for them stopped the two-CTA BF16 fused kernel, perf.md
-  // v85; consumers that only arrived there, bar.arrive, made racecheck lose the CTA's barrier
-  // count, perf.md v86). The meeting before the invalidation is every warp's: setmaxnreg.inc
+  // between, from the two branches, so in its unaligned form (an increase that did not wait for
+  // them stopped the two-CTA BF16 fused kernel, perf.md v85; consumers that only arrived there,
+  // bar.arrive, made racecheck lose the CTA's barrier count, perf.md v86). The meeting before the invalidation is every warp's: setmaxnreg.inc
   // returns once registers for its own warp are free, so thread 0 may pass it while consumer warps
   // still wait on the ring's barriers.
   __device__ __forceinline__ static void rejoin(u8* smem) {
     if (threadIdx.x < 128) {
-      named_bar_sync<4, kThreads>();
+      named_bar_sync_unaligned<4, kThreads>();
       setmaxnreg_inc<kLaunchRegs>();
     } else {
       setmaxnreg_dec<kLaunchRegs>();
-      named_bar_sync<4, kThreads>();
+      named_bar_sync_unaligned<4, kThreads>();
     }
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -103,6 +103,13 @@ template <u32 kId, u32 kThreads>
 __device__ __forceinline__ void named_bar_sync() {
   asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
 }
+// The same meeting for threads that reach it from different places (role branches): barrier.sync
+// without .aligned. bar.sync promises that every thread of a generation runs the one instruction;
+// from two sites compute-sanitizer's synccheck reports a divergent barrier (perf.md v86).
+template <u32 kId, u32 kThreads>
+__device__ __forceinline__ void named_bar_sync_unaligned() {
+  asm volatile("barrier.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
 
 // ---------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, u64* bar, int x, int y) {
