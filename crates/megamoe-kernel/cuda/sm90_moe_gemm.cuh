@@ -96,10 +96,11 @@ struct GemmParams {
   u32* tickets;
   // Optional (null: off): every tile's event (timeline.cuh), for the benchmarks' timelines.
   const timeline::Timeline* timeline;
-  // The error word (barriers.cuh's format), 0 while no wait gave up: a split tail's head that waits
-  // longer than kLocalWaitTimeoutNs records it here (the first one: compare-and-swap from 0) and goes
-  // on, so a lost part fails the launch instead of hanging the GPU. The host reads it after the
-  // stream is synchronized; it is never reset.
+  // The error word (barriers.cuh's format), 0 while no wait gave up: a wait that lasts longer than
+  // kLocalWaitTimeoutNs — a split tail's head, the fused L2's row wait, a ring wait (ring_wait) —
+  // records it here (the first one: compare-and-swap from 0) and goes on, so a lost hand-over fails
+  // the launch instead of hanging the GPU. The host reads it after the stream is synchronized; it
+  // is never reset.
   unsigned long long* error;
   // Optional (null: the activations are whole at launch): per 16 pool rows (POOL_ROW_ALIGN), how
   // many tiles of the layer before have stored them (the fused forward's L1 epilogue counts, with
