@@ -122,21 +122,26 @@ constexpr unsigned long long kLocalWaitTimeoutNs = 5'000'000'000ull;
 // void, the host says so, and the GPU is not hung. From its second millisecond on a wait also
 // reads the word and returns at once when it is set, so the CTA's later waits do not each wait out
 // a timeout of their own. The word's address is in shared memory (Layout::kRingErrorAt, set by
-// Gemm::setup: a __shared__ variable of its own would cost the kernel its aligned shared base). The consumers wait for their stages with mbar_wait's plain loop: any code beside it
-// in their main loop costs them registers (ptxas spilled, or serialized the wgmmas, C7511), and
-// those waits end anyway, since every stage is filled by the producer thread and the converter
-// warp, whose waits here give up and go on.
+// Gemm::setup: a __shared__ variable of its own would cost the kernel its aligned shared base).
+// The consumers wait for their stages with mbar_wait's plain loop: any code beside it in their main
+// loop costs them registers (ptxas spilled, or serialized the wgmmas, C7511), and those waits end
+// anyway, since every stage is filled by the producer thread and the converter warp, whose waits
+// here give up and go on.
+//
 // One asm block with as few registers as it can: written in C++ (or its slow path as a call), the
 // clock, the word's address and the CTA index were held across the consumers' main loops, which
 // spilled (or, with a call, had every wgmma serialized, C7512). It counts the wait in the error
-// word's own unit (2^kErrorWaitUnitLog2 ns, by the low 32 bits of %globaltimer) and checks the
-// word once per unit; the timeout's word is encode_local_timeout's.
+// word's own unit (2^kErrorWaitUnitLog2 ns, by the low 32 bits of %globaltimer), checks the word
+// once per unit, and on a timeout builds encode_local_timeout's word from its fields: the count
+// of units as the wait field (bits 32 up), the CTA as the detail (the static_asserts pin both).
 __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* error_at) {
   constexpr unsigned long long kWordHigh =
       (barriers::kErrorKindLocalTimeout << barriers::kErrorKindShift) |
       ((unsigned long long)barriers::kLocalWaitRing << barriers::kErrorLocalWaitShift);
   constexpr u32 kUnit = 1u << barriers::kErrorWaitUnitLog2;
   constexpr u32 kTimeoutUnits = (u32)(kLocalWaitTimeoutNs >> barriers::kErrorWaitUnitLog2);
+  static_assert(barriers::kErrorWaitShift == 32 && kTimeoutUnits < barriers::kErrorWaitMax,
+                "the timeout's unit count is the error word's high half below the kind and wait code");
   asm volatile(
       "{\n.reg .pred p;\n.reg .u32 start, now, units;\n.reg .u64 error, word;\n"
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
@@ -1196,11 +1201,11 @@ struct Gemm {
   // kLaunchRegs (after two separate tests it held the code that follows to the producer's count,
   // and the fused kernel's glue after the GEMMs spilled at 56 registers); the producer warpgroup
   // increases once every consumer warp has decreased, all of them meeting at named barrier 4 in
-  // between, from the two branches, so in its unaligned form (an increase that did not wait for
-  // them stopped the two-CTA BF16 fused kernel, perf.md v85; consumers that only arrived there,
-  // bar.arrive, made racecheck lose the CTA's barrier count, perf.md v86). The meeting before the invalidation is every warp's: setmaxnreg.inc
-  // returns once registers for its own warp are free, so thread 0 may pass it while consumer warps
-  // still wait on the ring's barriers.
+  // between — from the two branches, so in the barrier's unaligned form (an increase that did not
+  // wait for them stopped the two-CTA BF16 fused kernel, perf.md v85; consumers that only arrived
+  // there, bar.arrive, made racecheck lose the CTA's barrier count, perf.md v86). The meeting
+  // before the invalidation is every warp's: setmaxnreg.inc returns once registers for its own
+  // warp are free, so thread 0 may pass it while consumer warps still wait on the ring's barriers.
   __device__ __forceinline__ static void rejoin(u8* smem) {
     if (threadIdx.x < 128) {
       named_bar_sync_unaligned<4, kThreads>();

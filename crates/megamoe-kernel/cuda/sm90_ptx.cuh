@@ -104,8 +104,9 @@ __device__ __forceinline__ void named_bar_sync() {
   asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
 }
 // The same meeting for threads that reach it from different places (role branches): barrier.sync
-// without .aligned. bar.sync promises that every thread of a generation runs the one instruction;
-// from two sites compute-sanitizer's synccheck reports a divergent barrier (perf.md v86).
+// without .aligned. bar.sync promises that every thread of a generation runs the one instruction,
+// which two sites break (undefined in PTX terms). ptxas 13.0 emits the same SASS for both forms,
+// so whether synccheck tells them apart is still to be run (perf.md v86).
 template <u32 kId, u32 kThreads>
 __device__ __forceinline__ void named_bar_sync_unaligned() {
   asm volatile("barrier.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
