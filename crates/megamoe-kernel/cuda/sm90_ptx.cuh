@@ -105,8 +105,9 @@ __device__ __forceinline__ void named_bar_sync() {
 }
 // The same meeting for threads that reach it from different places (role branches): barrier.sync
 // without .aligned. bar.sync promises that every thread of a generation runs the one instruction,
-// which two sites break (undefined in PTX terms). ptxas 13.0 emits the same SASS for both forms,
-// so whether synccheck tells them apart is still to be run (perf.md v86).
+// which two sites break (undefined in PTX terms). ptxas 13.0 emits the same SASS for both forms;
+// synccheck reported the fused kernel's two-site meeting in the aligned form and passes this one
+// (perf.md v86, v87).
 template <u32 kId, u32 kThreads>
 __device__ __forceinline__ void named_bar_sync_unaligned() {
   asm volatile("barrier.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
