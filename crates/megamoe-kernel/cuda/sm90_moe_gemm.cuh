@@ -435,10 +435,11 @@ struct Consumer {
   static constexpr bool kFp8Route = kFp8;
   static constexpr int kCtasPerSm = kCtas;
   static constexpr int kClusterCtas = kCluster;
-  // FP8 chunks: 64 tokens above 64; with two CTAs per SM (96 registers) 16. (A whole 32-token tile
-  // per chunk fit once, with 6 % fewer instructions and no measured gain, v14; the split tail's
+  // FP8 chunks: 64 tokens above 64, but 32 in 96-token tiles (whole chunks for their 64-token
+  // loop, see consume_unit); with two CTAs per SM (96 registers) 16. (A whole 32-token tile per
+  // chunk fit once, with 6 % fewer instructions and no measured gain, v14; the split tail's
   // hand-over took those registers. 32-token chunks lose 2-6 % at 128 and 256 tokens, v40/v41.)
-  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN <= 64 ? BN : 64;
+  static constexpr int kNsub = !kFp8 ? BN : kCtas == 2 ? 16 : BN == 96 ? 32 : BN <= 64 ? BN : 64;
   // FP8, one CTA per SM: 256-token tiles hold one fragment set (its 128 accumulators, a temp set
   // and the prefetched scales leave no room for a second), so a stage's decode waits for its
   // predecessor's wgmmas; they halve the decode per token, which pays at large T (perf.md v41).
@@ -1016,15 +1017,15 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
     const int first = __shfl_sync(0xffffffffu, unit->slot, 0), parts = min(p.split_parts, p.k / kBlockK);
     for (int q = 0; q < parts - 1; ++q) c.wait_partial(p.partial_ready, p.error, first + q);
   }
-  // One-CTA tiles of 128 and 256 tokens: a tile whose rows end early runs on its rows rounded up
-  // to a main loop built for fewer tokens — 64 of 128; 64, 128 and (FP8) 192 of 256 (BF16 has no
-  // n192 wgmma here). The token tile is sized to cover most experts in one block, so at mid T
-  // (128-token tiles, ≈ 64 rows per expert) about half the tiles hold ≤ 64 rows, and at large T
-  // most experts' last block holds a few rows past a multiple of 256. FP8 loops of whole 64-token
-  // chunks only: one of 80 or 96 tokens (a narrower last chunk, or two of 48) makes ptxas
-  // serialize the wgmmas (C7511) or spill.
+  // One-CTA tiles of 96 tokens and more: a tile whose rows end early runs on its rows rounded up
+  // to a main loop built for fewer tokens — 64 of 96 or 128; 64, 128 and (FP8) 192 of 256 (BF16
+  // has no n192 wgmma here). The token tile is sized to cover most experts in one block, so at
+  // mid T (96-token tiles, ≈ 64 rows per expert) about half the tiles hold ≤ 64 rows, and at large
+  // T most experts' last block holds a few rows past a multiple of 256. FP8 loops of whole chunks
+  // only: a chunk narrower than the others (64 of a 96-token chunk, 32 after a 64) makes ptxas
+  // serialize the wgmmas (C7511) or spill, so the 96-token FP8 tile runs 32-token chunks.
   constexpr bool kFp8 = C::kFp8Route;
-  constexpr bool kShortTail = BN >= 128 && C::kCtasPerSm == 1;
+  constexpr bool kShortTail = BN >= 96 && C::kCtasPerSm == 1;
   constexpr int kTail1 = kShortTail ? 64 : BN;
   constexpr int kTail2 = kShortTail && BN == 256 ? 128 : BN;
   constexpr int kTail3 = kShortTail && BN == 256 && kFp8 ? 192 : BN;

@@ -292,6 +292,14 @@ template <> __device__ __forceinline__ void mma_bf16_rs<64>(float* d, const u32*
                : MM_D8(0), MM_D8(8), MM_D8(16), MM_D8(24)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 }
+template <> __device__ __forceinline__ void mma_bf16_rs<96>(float* d, const u32* a, u64 b, int scale_d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+               "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+               : MM_D8(0), MM_D8(8), MM_D8(16), MM_D8(24), MM_D8(32), MM_D8(40)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
 template <> __device__ __forceinline__ void mma_bf16_rs<128>(float* d, const u32* a, u64 b, int scale_d) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "

@@ -160,8 +160,9 @@ impl std::str::FromStr for Mma {
 
 /// Tokens per tile (the WGMMA N) the kernel is built for, on both routes: 256 halves the decode
 /// and the activation re-reads per tensor-core operation at large T (FP8 256-token tiles keep one
-/// fragment set, perf.md v41).
-pub const TOKEN_TILES: [usize; 5] = [16, 32, 64, 128, 256];
+/// fragment set, perf.md v41); 96 covers the ≈ 64 ± 8 rows per expert of mid T with less idle
+/// tensor-core work and fewer activation bytes than 128 (perf.md v88).
+pub const TOKEN_TILES: [usize; 6] = [16, 32, 64, 96, 128, 256];
 /// Threads per CTA: a producer warpgroup and two consumer warpgroups.
 pub(crate) const THREADS: u32 = 384;
 /// Consumer warps per CTA (two warpgroups): one split-tail hand-over flag each.
@@ -623,9 +624,10 @@ impl TilePlan {
 
     /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
     /// that covers most experts in one block (moe-sched's covering rule), so few-token experts don't
-    /// pay for idle tensor-core columns. Measured on H200 (2026-11-30): 16 at T = 8, 32 at T = 128,
-    /// 64–128 at T = 512, 256 from T = 2048 (FP8: 128 and 256 within 1 % at T = 2048, 256 +6 % at
-    /// 4096 and +13 % at 8192, perf.md v41), for V4-Pro's 48 experts.
+    /// pay for idle tensor-core columns. Measured on H200: 16 at T = 8, 32 at T = 128, 96 at T = 512
+    /// (GEMMs −3.5 % FP8, −11 % BF16 against 128, perf.md v88), 256 from T = 2048 (FP8: 128 and 256
+    /// within 1 % at T = 2048, 256 +6 % at 4096 and +13 % at 8192, perf.md v41), for V4-Pro's 48
+    /// experts.
     pub fn tokens_per_tile_for(avg_rows: f64) -> usize {
         let target = moe_sched::heuristics::covering_rows(avg_rows);
         TOKEN_TILES
@@ -1279,7 +1281,7 @@ mod tests {
         assert!(names.contains("megamoe-kernel/sm90_moe_gemm/bf16/bn256/cta1/cl2"));
         assert_eq!(
             names.len(),
-            2 * 2 + 3 * 4 + 5 + 4 * 5,
+            2 * 2 + 4 * 4 + 6 + 4 * 6,
             "two folds per two-CTA FP8 tile (tables in shared memory), four per one-CTA FP8 tile, \
              one per BF16 tile; the L1's SwiGLU into each of four pools at every tile"
         );
@@ -1370,6 +1372,7 @@ mod tests {
         let avg = |t: f64| 6.0 * t / 48.0;
         assert_eq!(TilePlan::tokens_per_tile_for(avg(8.0)), 16);
         assert_eq!(TilePlan::tokens_per_tile_for(avg(128.0)), 32);
+        assert_eq!(TilePlan::tokens_per_tile_for(avg(512.0)), 96);
         assert_eq!(TilePlan::tokens_per_tile_for(avg(4096.0)), 256);
         assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0)), 256);
     }
