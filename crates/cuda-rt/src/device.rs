@@ -52,6 +52,9 @@ pub struct DeviceInfo {
     pub smem_per_block_optin: u32,
     pub l2_bytes: u32,
     pub total_mem_bytes: usize,
+    /// `domain:bus:device.function`, as NVML and `nvidia-smi` name the device (the CUDA ordinal
+    /// need not be NVML's index).
+    pub pci_bus_id: String,
 }
 
 impl DeviceInfo {
@@ -81,8 +84,21 @@ impl DeviceInfo {
             l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
             // SAFETY: as above.
             total_mem_bytes: unsafe { result::device::total_mem(dev) }.call("cuDeviceTotalMem")?,
+            pci_bus_id: pci_bus_id(dev)?,
         })
     }
+}
+
+fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
+    let mut id = [0 as std::ffi::c_char; 32];
+    // SAFETY: the driver writes a NUL-terminated string of at most `len` bytes into `id`.
+    unsafe { sys::cuDeviceGetPCIBusId(id.as_mut_ptr(), id.len() as i32, dev) }
+        .result()
+        .call("cuDeviceGetPCIBusId")?;
+    // SAFETY: NUL-terminated within `id`, as above.
+    Ok(unsafe { std::ffi::CStr::from_ptr(id.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// One device, opened: its primary context and a non-blocking stream for this handle's work. All of

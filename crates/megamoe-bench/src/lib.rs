@@ -20,6 +20,7 @@
 //! and writes it as JSON (events and [`Overlap`](megamoe_kernel::timeline::Overlap)) and as an SVG
 //! picture ([`timeline_svg`]), and logs the overlap.
 
+pub mod telemetry;
 pub mod timeline_svg;
 
 use std::path::PathBuf;
@@ -33,6 +34,7 @@ use megamoe_kernel::problem::ExpertWeights;
 use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
+use telemetry::{Reading, Telemetry};
 
 use megamoe::cuda::{
     CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, StageTimes, agree_max, run_local,
@@ -158,6 +160,10 @@ pub struct BenchRow {
     pub stage_shares: Vec<(String, f64)>,
     /// The kernels' time over the unfused path's at the same point, when both were timed.
     pub over_unfused: Option<f64>,
+    /// Rank 0's GPU over the point's timed host-path forwards (NVML, [`telemetry`]): mean SM clock
+    /// and board power; none without NVML.
+    pub sm_clock_mhz: Option<f64>,
+    pub power_w: Option<f64>,
 }
 
 /// Runs every (route, tokens) point on a local world (a thread per rank) and reports rank 0's
@@ -273,6 +279,8 @@ struct PathTimes {
     forwards: Vec<StageTimes>,
     /// The engine's device forwards; on the fused path at T > 0 only.
     device: Option<DeviceForwardTimes>,
+    /// The GPU's clock and power over `forwards`.
+    reading: Option<Reading>,
 }
 
 /// The engine's device forwards of one point ([`time_device_forwards`]).
@@ -340,6 +348,8 @@ fn time_points(
     let max_tokens = opts.tokens.iter().copied().max().unwrap_or(0);
     let mut rank = CudaRank::new(world.clone(), config, max_tokens, routes, weights)?;
     rank.set_chained_launches(opts.chained_launches);
+    let telemetry = Telemetry::open();
+    let pci_bus_id = rank.gpu().info().pci_bus_id.clone();
     if opts.paths.contains(&ForwardPath::Fused) {
         // The device forward picks its tile from T alone: every tile it can pick compiled first,
         // so that no rank compiles while its peers wait on the device.
@@ -354,6 +364,7 @@ fn time_points(
         rank.set_path(path);
         rank.set_stage_marks(true);
         rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
+        let sampling = telemetry.as_ref().map(|t| t.start(&pci_bus_id));
         let forwards = if opts.warm_up_ms == 0 {
             (0..2 * opts.reps)
                 .map(|rep| {
@@ -374,11 +385,16 @@ fn time_points(
                 })
                 .collect::<Result<Vec<_>, CudaError>>()?
         };
+        let reading = sampling.and_then(telemetry::Sampling::finish);
         // An engine's batch holds at least one token.
         let device = (path == ForwardPath::Fused && point.tokens > 0)
             .then(|| time_device_forwards(world, &mut rank, config, point, opts.reps))
             .transpose()?;
-        Ok(PathTimes { forwards, device })
+        Ok(PathTimes {
+            forwards,
+            device,
+            reading,
+        })
     };
     let times = inputs
         .iter()
@@ -499,6 +515,8 @@ fn summarize(
         },
         stage_shares,
         over_unfused: None,
+        sm_clock_mhz: times.reading.map(|r| r.sm_clock_mhz),
+        power_w: times.reading.map(|r| r.power_w),
     }
 }
 
@@ -509,7 +527,7 @@ fn optional_us(us: Option<f64>) -> String {
 
 impl BenchRow {
     /// The table header matching [`BenchRow`]'s `Display`.
-    pub const HEADER: &str = "route         path       R      T  pairs | /unfused |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | dev call us dev fwd us | kernel shares";
+    pub const HEADER: &str = "route         path       R      T  pairs | /unfused |  device us  TFLOPS | kernels us  TFLOPS  HBM GB/s | marked us | route us queue us |  comm us  NVLink GB/s | host-I/O us | dev call us dev fwd us | SM MHz power W | kernel shares";
 }
 
 impl std::fmt::Display for BenchRow {
@@ -521,7 +539,7 @@ impl std::fmt::Display for BenchRow {
             .collect();
         write!(
             f,
-            "{:<13} {:<7} {:>2} {:>6} {:>6} | {:>8} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {:>11} {:>10} | {}",
+            "{:<13} {:<7} {:>2} {:>6} {:>6} | {:>8} | {:>10.1} {:>7.1} | {:>10.1} {:>7.1} {:>9.0} | {:>9.1} | {:>8.1} {:>8.1} | {:>8.1} {:>12.1} | {:>11.1} | {:>11} {:>10} | {:>6} {:>7} | {}",
             format!("{}/{}", self.recipe, self.routes),
             self.path,
             self.ranks,
@@ -542,6 +560,9 @@ impl std::fmt::Display for BenchRow {
             self.with_host_io_us,
             optional_us(self.device_call_us),
             optional_us(self.device_forward_us),
+            self.sm_clock_mhz
+                .map_or("-".to_owned(), |mhz| format!("{mhz:.0}")),
+            self.power_w.map_or("-".to_owned(), |w| format!("{w:.0}")),
             shares.join(", ")
         )
     }
