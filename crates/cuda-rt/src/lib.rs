@@ -50,6 +50,7 @@ pub mod peer;
 pub mod ptxas;
 pub mod selftest;
 pub mod spec;
+pub mod telemetry;
 pub mod testing;
 pub mod timing;
 pub mod tma;
@@ -67,6 +68,7 @@ pub use nvrtc::NvrtcVersion;
 pub use peer::enable_peer_access_all;
 pub use ptxas::{KernelResources, parse_ptxas_log};
 pub use spec::{Header, KernelSpec};
+pub use telemetry::{Reading, Sampling, Telemetry};
 pub use timing::GpuTimer;
 pub use tma::{
     Interleave, L2Promotion, OobFill, Swizzle, TensorMap, TensorMapDesc, TmaDataType, TmaError,

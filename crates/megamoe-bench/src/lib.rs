@@ -20,21 +20,19 @@
 //! and writes it as JSON (events and [`Overlap`](megamoe_kernel::timeline::Overlap)) and as an SVG
 //! picture ([`timeline_svg`]), and logs the overlap.
 
-pub mod telemetry;
 pub mod timeline_svg;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_rt::GpuTimer;
+use cuda_rt::{GpuTimer, Reading, Sampling, Telemetry};
 
 use megamoe_kernel::Routes;
 use megamoe_kernel::problem::ExpertWeights;
 use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
-use telemetry::{Reading, Telemetry};
 
 use megamoe::cuda::{
     CudaError, CudaRank, DeviceBatch, ForwardPath, Placement, StageTimes, agree_max, run_local,
@@ -160,7 +158,7 @@ pub struct BenchRow {
     pub stage_shares: Vec<(String, f64)>,
     /// The kernels' time over the unfused path's at the same point, when both were timed.
     pub over_unfused: Option<f64>,
-    /// Rank 0's GPU over the point's timed host-path forwards (NVML, [`telemetry`]): mean SM clock
+    /// Rank 0's GPU over the point's timed host-path forwards (NVML, [`Telemetry`]): mean SM clock
     /// and board power; none without NVML.
     pub sm_clock_mhz: Option<f64>,
     pub power_w: Option<f64>,
@@ -349,7 +347,6 @@ fn time_points(
     let mut rank = CudaRank::new(world.clone(), config, max_tokens, routes, weights)?;
     rank.set_chained_launches(opts.chained_launches);
     let telemetry = Telemetry::open();
-    let pci_bus_id = rank.gpu().info().pci_bus_id.clone();
     if opts.paths.contains(&ForwardPath::Fused) {
         // The device forward picks its tile from T alone: every tile it can pick compiled first,
         // so that no rank compiles while its peers wait on the device.
@@ -364,7 +361,7 @@ fn time_points(
         rank.set_path(path);
         rank.set_stage_marks(true);
         rank.forward(point)?; // warm-up: JIT of the GEMM tiles, first touch
-        let sampling = telemetry.as_ref().map(|t| t.start(&pci_bus_id));
+        let sampling = telemetry.as_ref().map(|t| t.start(rank.gpu()));
         let forwards = if opts.warm_up_ms == 0 {
             (0..2 * opts.reps)
                 .map(|rep| {
@@ -385,7 +382,7 @@ fn time_points(
                 })
                 .collect::<Result<Vec<_>, CudaError>>()?
         };
-        let reading = sampling.and_then(telemetry::Sampling::finish);
+        let reading = sampling.and_then(Sampling::finish);
         // An engine's batch holds at least one token.
         let device = (path == ForwardPath::Fused && point.tokens > 0)
             .then(|| time_device_forwards(world, &mut rank, config, point, opts.reps))

@@ -11,7 +11,8 @@
 //! times the L2) from HBM anyway, and the activation pool, L2-resident at small T, is so in the
 //! pipeline too (dispatch and SwiGLU write it just before the GEMM reads it).
 //! Prints time, TFLOPS, the bytes that must move and the floor they set at the HBM rate measured
-//! in the same run (a 2 GiB device copy), and the ratio of time to floor.
+//! in the same run (a 2 GiB device copy), the ratio of time to floor, and the GPU's mean SM clock
+//! and board power over each T's samples (NVML, `cuda_rt::Telemetry`; `-` without it).
 //!
 //! `--trace` then runs every variant once more with a timeline of its CTAs and prints where each
 //! launch's time goes: the spread of the CTAs' starts, their ends and the k128 blocks each loaded,
@@ -22,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use cuda_rt::timing::GpuTimer;
-use cuda_rt::{Gpu, Jit};
+use cuda_rt::{Gpu, Jit, Reading, Sampling, Telemetry};
 use fp_formats::Recipe;
 use megamoe_kernel::gemm::{TOKEN_TILES, parse_route};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
@@ -145,13 +146,15 @@ fn median(mut v: Vec<f32>) -> f32 {
 /// Milliseconds per call of each of `fs` (medians), sampled in turn: A B C A B C ... after
 /// `warm_up` of running them all, so that every variant meets the GPU in the same state. (Timed
 /// one after the other, a second variant of the same kernel ran up to 10 % slower than the first,
-/// 2026-11-30.) With `idle` every sample is one call after that long with the GPU idle.
+/// 2026-11-30.) With `idle` every sample is one call after that long with the GPU idle. With
+/// `telemetry`, also the GPU's SM clock and power over the samples.
 fn time_interleaved(
     gpu: &Gpu,
     warm_up: Duration,
     idle: Duration,
+    telemetry: Option<&Telemetry>,
     fs: &mut [&mut dyn FnMut()],
-) -> Vec<f32> {
+) -> (Vec<f32>, Option<Reading>) {
     let launches = if idle.is_zero() {
         LAUNCHES_PER_SAMPLE
     } else {
@@ -169,6 +172,7 @@ fn time_interleaved(
         gpu.synchronize().unwrap();
     }
     let mut samples = vec![Vec::with_capacity(REPS); fs.len()];
+    let sampling = telemetry.map(|t| t.start(gpu));
     for _ in 0..REPS {
         for (f, samples) in fs.iter_mut().zip(&mut samples) {
             if !idle.is_zero() {
@@ -181,11 +185,12 @@ fn time_interleaved(
             samples.push(timer.elapsed_ms().unwrap() / launches as f32);
         }
     }
-    samples.into_iter().map(median).collect()
+    let reading = sampling.and_then(Sampling::finish);
+    (samples.into_iter().map(median).collect(), reading)
 }
 
 fn time_ms(gpu: &Gpu, mut f: impl FnMut()) -> f32 {
-    time_interleaved(gpu, Duration::ZERO, Duration::ZERO, &mut [&mut f])[0]
+    time_interleaved(gpu, Duration::ZERO, Duration::ZERO, None, &mut [&mut f]).0[0]
 }
 
 /// HBM bandwidth of a 2 GiB device-to-device copy (bytes read + written).
@@ -328,6 +333,7 @@ fn main() {
     };
     let jit = Jit::new().unwrap();
     let hbm = hbm_rate(&gpu);
+    let telemetry = Telemetry::open();
     println!(
         "# {} ({} SMs), HBM copy {:.0} GB/s; per rank: {EXPERTS} experts, H {hidden}, I {inter}, top-{TOP_K}; {}",
         gpu.info().name,
@@ -340,7 +346,7 @@ fn main() {
         }
     );
     println!(
-        "{:<9} {:>5} {:>13} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6}",
+        "{:<9} {:>5} {:>13} {:>6} | {:>9} {:>7} | {:>9} {:>7} | {:>9} {:>7} {:>9} {:>6} | {:>6} {:>5}",
         "route",
         "T",
         "bn/c/cl",
@@ -352,7 +358,9 @@ fn main() {
         "L1+L2 us",
         "TF",
         "floor us",
-        "ratio"
+        "ratio",
+        "SM MHz",
+        "W"
     );
     for (recipe, mma) in routes {
         let layers: Vec<Layer> = [("L1", 2 * inter, hidden), ("L2", hidden, inter)]
@@ -420,6 +428,7 @@ fn main() {
                 .collect();
             // times[layer][variant], every variant of a layer sampled in turn.
             let mut times = Vec::new();
+            let mut readings: Vec<Reading> = Vec::new();
             let mut bytes_total = 0usize;
             for (layer, (pool, sf_stride, act, act_sf, offsets, counts, out)) in
                 layers.iter().zip(pools.iter_mut())
@@ -446,7 +455,10 @@ fn main() {
                     .collect();
                 let mut fs: Vec<&mut dyn FnMut()> =
                     runs.iter_mut().map(|f| f as &mut dyn FnMut()).collect();
-                times.push(time_interleaved(&gpu, warm_up, idle, &mut fs));
+                let (layer_times, reading) =
+                    time_interleaved(&gpu, warm_up, idle, telemetry.as_ref(), &mut fs);
+                times.push(layer_times);
+                readings.extend(reading);
                 drop(runs);
                 for core in &cores {
                     core.check_error(&gpu).unwrap();
@@ -484,13 +496,23 @@ fn main() {
                     + pairs * (k * mma.act_elem() + layer.weights.n * 2);
                 tracing::debug!(layer = layer.name, ms = ?times.last().unwrap(), "timed");
             }
+            // The clock and power over both layers' samples (every variant's).
+            let samples: usize = readings.iter().map(|r| r.samples).sum();
+            let mean = |f: fn(&Reading) -> f64| {
+                let sum: f64 = readings.iter().map(|r| f(r) * r.samples as f64).sum();
+                (samples > 0).then(|| format!("{:.0}", sum / samples as f64))
+            };
+            let (mhz, watts) = (
+                mean(|r| r.sm_clock_mhz).unwrap_or_else(|| "-".to_owned()),
+                mean(|r| r.power_w).unwrap_or_else(|| "-".to_owned()),
+            );
             for (v, core) in cores.iter().enumerate() {
                 let flops = |n: usize, k: usize| 2.0 * pairs as f64 * n as f64 * k as f64;
                 let (f1, f2) = (flops(2 * inter, hidden), flops(hidden, inter));
                 let (t1, t2) = (times[0][v] as f64 * 1e-3, times[1][v] as f64 * 1e-3);
                 let floor = bytes_total as f64 / hbm;
                 println!(
-                    "{:<9} {:>5} {:>13} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2}",
+                    "{:<9} {:>5} {:>13} {:>6} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} | {:>9.1} {:>7.1} {:>9.1} {:>6.2} | {:>6} {:>5}",
                     format!("{recipe}/{mma}"),
                     t,
                     variant_name(&core.plan),
@@ -502,7 +524,9 @@ fn main() {
                     (t1 + t2) * 1e6,
                     (f1 + f2) / (t1 + t2) / 1e12,
                     floor * 1e6,
-                    (t1 + t2) / floor
+                    (t1 + t2) / floor,
+                    mhz,
+                    watts
                 );
             }
         }

@@ -1,7 +1,8 @@
-//! The SM clock and board power a GPU runs at while a point is timed: NVML (libnvidia-ml, loaded at
-//! run time) read on a thread of its own every [`PERIOD`] between [`Telemetry::start`] and
-//! [`Sampling::finish`]. Without NVML (a machine with no NVIDIA driver) there is no reading and the
-//! bench goes on without one.
+//! The SM clock and board power a GPU runs at while a benchmark times it: NVML (libnvidia-ml,
+//! loaded at run time) read on a thread of its own every [`PERIOD`] between [`Telemetry::start`]
+//! and [`Sampling::finish`], the GPU found by the PCI bus id the driver gives ([`DeviceInfo`]: a
+//! CUDA ordinal need not be NVML's index). Without NVML (a machine with no NVIDIA driver) there is
+//! no reading, and a benchmark goes on without one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +11,10 @@ use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Clock;
-use serde::Serialize;
+
+#[cfg(doc)]
+use crate::DeviceInfo;
+use crate::Gpu;
 
 /// Between two samples: short against a forward of a few hundred µs to a few ms, long against an
 /// NVML query (tens of µs).
@@ -23,7 +27,7 @@ pub struct Telemetry {
 }
 
 /// What a GPU ran at over a sampling: the means of its samples.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Reading {
     pub sm_clock_mhz: f64,
     pub power_w: f64,
@@ -44,16 +48,17 @@ impl Telemetry {
                 nvml: Arc::new(nvml),
             }),
             Err(error) => {
-                tracing::info!(%error, "no NVML: the bench reports no SM clock or power");
+                tracing::info!(%error, "no NVML: no SM clock or power readings");
                 None
             }
         }
     }
 
-    /// Starts sampling the GPU at `pci_bus_id` (`DeviceInfo::pci_bus_id`).
-    pub fn start(&self, pci_bus_id: &str) -> Sampling {
+    /// Starts sampling `gpu`.
+    pub fn start(&self, gpu: &Gpu) -> Sampling {
         let stop = Arc::new(AtomicBool::new(false));
-        let (nvml, id, until) = (self.nvml.clone(), pci_bus_id.to_owned(), stop.clone());
+        let (nvml, until) = (self.nvml.clone(), stop.clone());
+        let id = gpu.info().pci_bus_id.clone();
         let thread = std::thread::spawn(move || {
             let device = nvml
                 .device_by_pci_bus_id(id.as_str())
