@@ -8,7 +8,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`device`] | [`Gpu::list`], [`Gpu::open`], [`DeviceInfo`] (name, SMs, compute capability, opt-in shared memory, L2); the primary context and stream; `alloc_zeros` / `upload` / `download` / `memset`; the count of device allocations made through a handle (`Gpu::device_allocations`) |
+//! | [`device`] | [`Gpu::list`], [`Gpu::open`], [`DeviceInfo`] (name, SMs, compute capability, opt-in shared memory, L2, PCI bus id); the primary context and stream; `alloc_zeros` / `upload` / `download` / `memset`; the count of device allocations made through a handle (`Gpu::device_allocations`) |
 //! | [`green`] | [`Gpu::split`]: one device as handles whose streams run on their own shares of the SMs (green contexts), for ranks that share a GPU |
 //! | [`arch`] | [`Arch`]: `sm_90a` (Hopper, runs here) and `sm_100a` (Blackwell, compiles here) |
 //! | [`toolkit`] | [`Toolkit::locate`]: `$CUDA_PATH`, then `$MEGAMOE_CUDA_TOOLCHAIN` (the checkout's `.cuda/toolkit`, set in `.cargo/config.toml`), then `/usr/local/cuda` |
@@ -23,6 +23,7 @@
 //! | [`peer`] | [`Gpu::enable_peer_access`], [`enable_peer_access_all`] |
 //! | [`vmm`] | [`SharedMemory`] (`cuMemCreate`, export/import as a POSIX fd) and its [`Mapping`]s (reserve, map, access per device); copies and memsets on raw device addresses (`Gpu::write_raw`, `read_raw`, `memset_raw`, `copy_peer_raw`) |
 //! | [`timing`] | CUDA-event timing: [`GpuTimer`] (start/stop), [`timing::EventTrail`] (marks along a stream, the time between any two) |
+//! | [`telemetry`] | [`Telemetry`]: the SM clock and board power over a benchmark's samples ([`Reading`]), NVML loaded at run time and read on a thread of its own; none without NVML |
 //! | [`selftest`] | the kernels this crate tests itself with on a GPU |
 //! | [`testing`] | helpers for GPU tests: [`testing::gpus_or_skip`] |
 //! | [`CUDA_HEADER`] | `cuda/cuda_rt.cuh`: `CUtensorMap` for NVRTC-compiled kernels (cuda.h does not compile under NVRTC); `launch_dependents` / `wait_for_predecessor`, the device side of a programmatic launch |

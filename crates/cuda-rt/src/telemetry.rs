@@ -1,5 +1,5 @@
 //! The SM clock and board power a GPU runs at while a benchmark times it: NVML (libnvidia-ml,
-//! loaded at run time) read on a thread of its own every [`PERIOD`] between [`Telemetry::start`]
+//! loaded at run time) read on a thread of its own every millisecond between [`Telemetry::start`]
 //! and [`Sampling::finish`], the GPU found by the PCI bus id the driver gives ([`DeviceInfo`]: a
 //! CUDA ordinal need not be NVML's index). Without NVML (a machine with no NVIDIA driver) there is
 //! no reading, and a benchmark goes on without one.
@@ -32,6 +32,26 @@ pub struct Reading {
     pub sm_clock_mhz: f64,
     pub power_w: f64,
     pub samples: usize,
+}
+
+impl Reading {
+    /// The readings of several samplings as one (each weighted by its samples); `None` when they
+    /// hold no sample.
+    pub fn mean(readings: &[Reading]) -> Option<Reading> {
+        let samples: usize = readings.iter().map(|r| r.samples).sum();
+        let weighted = |f: fn(&Reading) -> f64| {
+            readings
+                .iter()
+                .map(|r| f(r) * r.samples as f64)
+                .sum::<f64>()
+                / samples as f64
+        };
+        (samples > 0).then(|| Reading {
+            sm_clock_mhz: weighted(|r| r.sm_clock_mhz),
+            power_w: weighted(|r| r.power_w),
+            samples,
+        })
+    }
 }
 
 /// Samples being taken of one GPU; dropped unfinished (a point that failed), its thread stops.
@@ -102,5 +122,29 @@ impl Sampling {
 impl Drop for Sampling {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reading;
+
+    #[test]
+    fn readings_combine_by_their_samples() {
+        let a = Reading {
+            sm_clock_mhz: 1980.0,
+            power_w: 600.0,
+            samples: 3,
+        };
+        let b = Reading {
+            sm_clock_mhz: 1580.0,
+            power_w: 700.0,
+            samples: 1,
+        };
+        let m = Reading::mean(&[a, b]).unwrap();
+        assert_eq!(m.samples, 4);
+        assert!((m.sm_clock_mhz - 1880.0).abs() < 1e-9, "{m:?}");
+        assert!((m.power_w - 625.0).abs() < 1e-9, "{m:?}");
+        assert_eq!(Reading::mean(&[]), None);
     }
 }

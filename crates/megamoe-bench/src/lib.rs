@@ -5,7 +5,8 @@
 //! (recipe / tensor-core route) and tokens per rank, next to the bytes and FLOPs it must move and do
 //! (`moe_sched::Plan`, uniform routing): device-side wall time (everything but the host's upload of
 //! the inputs and download of y), the kernels' own time (CUDA events), TFLOPS = 2·pairs·H·3I / t
-//! over both, HBM GB/s of the plan's bytes, each stage's share, and on several ranks the
+//! over both, HBM GB/s of the plan's bytes, each stage's share, the GPU's SM clock and board
+//! power over the timed forwards ([`Telemetry`]), and on several ranks the
 //! communication kernels alone (dispatch + combine) with the NVLink GB/s of the plan's pulled and
 //! written-back bytes. On the fused path, also the engine's device forward
 //! ([`CudaRank::forward_device`]: inputs already on the device, no host synchronization) at each

@@ -497,15 +497,13 @@ fn main() {
                 tracing::debug!(layer = layer.name, ms = ?times.last().unwrap(), "timed");
             }
             // The clock and power over both layers' samples (every variant's).
-            let samples: usize = readings.iter().map(|r| r.samples).sum();
-            let mean = |f: fn(&Reading) -> f64| {
-                let sum: f64 = readings.iter().map(|r| f(r) * r.samples as f64).sum();
-                (samples > 0).then(|| format!("{:.0}", sum / samples as f64))
-            };
-            let (mhz, watts) = (
-                mean(|r| r.sm_clock_mhz).unwrap_or_else(|| "-".to_owned()),
-                mean(|r| r.power_w).unwrap_or_else(|| "-".to_owned()),
-            );
+            let (mhz, watts) =
+                Reading::mean(&readings).map_or(("-".to_owned(), "-".to_owned()), |r| {
+                    (
+                        format!("{:.0}", r.sm_clock_mhz),
+                        format!("{:.0}", r.power_w),
+                    )
+                });
             for (v, core) in cores.iter().enumerate() {
                 let flops = |n: usize, k: usize| 2.0 * pairs as f64 * n as f64 * k as f64;
                 let (f1, f2) = (flops(2 * inter, hidden), flops(hidden, inter));
