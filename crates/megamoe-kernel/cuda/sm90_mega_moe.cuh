@@ -174,16 +174,22 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
 
 // The glue stages. (Calls of their own, noinline, spill under the call convention's registers.)
 
-// 3. route: a CTA per expert; 4. dispatch: pairs over the grid.
+// 3. route: a CTA per expert; 4. dispatch: tokens (FP8 pools) or pairs (BF16 pools) over the grid.
 template <int G, bool kL1Fp8Pool, int kUnroll>
 __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   RouteParams route = p.route;
   route.pairs = forward_tokens(p) * p.count.top_k;
   for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(route, e);
   barriers::grid_barrier(p.grid_word);
-  over_warps(route.pairs, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
-    dispatch_pair<G, kL1Fp8Pool, kUnroll>(p.dispatch, pair, t, threads);
-  });
+  if constexpr (kL1Fp8Pool) {
+    over_warps(forward_tokens(p), max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int token, int t, int threads) {
+      dispatch_token_fp8<kUnroll>(p.dispatch, token, t, threads);
+    });
+  } else {
+    over_warps(route.pairs, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
+      dispatch_pair_bf16<G, kUnroll>(p.dispatch, pair, t, threads);
+    });
+  }
   sm90::fence_proxy_async_global();
 }
 

@@ -30,7 +30,11 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kRouteThreads)
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_dispatch(const __grid_constant__ mm::unfused::DispatchParams p) {
   UF_CHAINED();
-  mm::unfused::dispatch_pair<UF_G, kL1Fp8Pool>(p, blockIdx.x, channel_thread(), channel_threads());
+  if constexpr (kL1Fp8Pool) {
+    mm::unfused::dispatch_token_fp8(p, blockIdx.x, channel_thread(), channel_threads());
+  } else {
+    mm::unfused::dispatch_pair_bf16<UF_G>(p, blockIdx.x, channel_thread(), channel_threads());
+  }
 }
 
 // FP8 pool: a thread per row (a row's scales are a few bytes); BF16 pool: a CTA per row, as the dispatch.

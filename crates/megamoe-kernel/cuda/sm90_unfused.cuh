@@ -22,9 +22,10 @@
 //                      for this rank's own experts it also marks the padding rows after each one, so
 //                      that every row of the pool's plan is rewritten by every forward (the dispatch
 //                      writes the others) and the metadata needs no reset between forwards;
-//   uf_dispatch        one CTA per (token, slot) of a source rank: copies the token's activations into
-//                      the owner rank's L1 pool row (over a peer pointer) in the GEMM's layout and
-//                      records the row's source (RowMeta);
+//   uf_dispatch        FP8 pools one CTA per token, BF16 pools one per (token, slot), of a source
+//                      rank: copies the token's activations into the owner rank's L1 pool row of
+//                      each of its pairs (over a peer pointer) in the GEMM's layout and records the
+//                      row's source (RowMeta);
 //   uf_unstage         rows peers sent staged (large T, see DispatchParams::staged) into the pool: FP8,
 //                      their scales ([rows][staged_row_bytes]) into the GEMM's [H/128][sf_stride] table;
 //                      BF16, their E4M3 row and scales widened into the pool row;
@@ -176,6 +177,9 @@ __device__ __forceinline__ void record_plan_error(u64* error, u64 kind_and_where
   if (atomicCAS(reinterpret_cast<unsigned long long*>(error), 0ull, kind_and_where) == 0ull) error[1] = value;
 }
 
+// Pairs a thread of the count and the route takes per round (loaded before any is used).
+constexpr int kRoutePerThread = 16;
+
 // uf_count: this rank's routes per global expert into `hist` (shared, [E]), then published as row
 // `rank` of every rank's counts table (peer stores, made visible to the owners by the rank
 // barrier that follows); a refused id makes the row's first count kCountRefused. `thread` of
@@ -183,15 +187,35 @@ __device__ __forceinline__ void record_plan_error(u64* error, u64 kind_and_where
 __device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, int thread, int threads) {
   for (int e = thread; e < p.num_experts; e += threads) hist[e] = 0;
   __syncthreads();
-  for (int i = thread; i < p.pairs; i += threads) {
-    const int e = p.topk_idx[i];
-    if (e == -1) continue;
-    if (e < -1 || e >= p.num_experts) {
-      record_plan_error(p.error, (kPlanErrorExpert << 60) | ((u64)(i % p.top_k) << 32) | (u32)(i / p.top_k),
-                        (u64)(long long)e);
-      continue;
+  // kRoutePerThread consecutive ids a thread per round, loaded before any is counted (four 16-byte
+  // loads: topk_idx is a whole allocation), so that one CTA's count is not a chain of single loads.
+  for (int round = 0; round < p.pairs; round += threads * kRoutePerThread) {
+    const int first = round + thread * kRoutePerThread;
+    int ids[kRoutePerThread];
+    if (first + kRoutePerThread <= p.pairs) {
+#pragma unroll
+      for (int v = 0; v < kRoutePerThread / 4; ++v) {
+        const int4 q = reinterpret_cast<const int4*>(p.topk_idx + first)[v];
+        ids[4 * v] = q.x;
+        ids[4 * v + 1] = q.y;
+        ids[4 * v + 2] = q.z;
+        ids[4 * v + 3] = q.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRoutePerThread; ++i) ids[i] = first + i < p.pairs ? p.topk_idx[first + i] : -1;
     }
-    atomicAdd(&hist[e], 1u);
+#pragma unroll
+    for (int q = 0; q < kRoutePerThread; ++q) {
+      const int e = ids[q], i = first + q;
+      if (e == -1) continue;
+      if (e < -1 || e >= p.num_experts) {
+        record_plan_error(p.error, (kPlanErrorExpert << 60) | ((u64)(i % p.top_k) << 32) | (u32)(i / p.top_k),
+                          (u64)(long long)e);
+        continue;
+      }
+      atomicAdd(&hist[e], 1u);
+    }
   }
   __syncthreads();
   if (thread == 0 && *reinterpret_cast<volatile u64*>(p.error) != 0) hist[0] = kCountRefused;
@@ -321,7 +345,6 @@ __device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* 
 // all pairs (E x 4 bytes x T x k from L2: 9 MB for V4-Pro at T = 8192, one rank), in rounds of 8192
 // pairs. Expert 0 also marks the masked pairs.
 constexpr int kRouteThreads = 512;
-constexpr int kRoutePerThread = 16;
 template <int kThreads>
 __device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
   constexpr int kWarps = kThreads / 32;
@@ -388,11 +411,30 @@ __device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
   }
 }
 
-// uf_dispatch: pair `pair` of this rank's T x k (token-major); its channels over `threads` threads
-// (this one is `thread`), its RowMeta from thread 0; kUnroll as widen_row's.
-template <int G, bool kFp8Pool, int kUnroll = 1>
-__device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair, int thread, int threads) {
-  static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
+// A NaN scale (UE8M0 255) of token t refuses the forward through the error word (each routed token
+// checks its scales: a token no pair routes is never read); its rows still move, y is not to be read.
+template <int G>
+__device__ __forceinline__ void check_token_scales(const DispatchParams& p, int t, const u8* src_sf, int thread,
+                                                   int threads) {
+  for (int g = thread; g < p.hidden / G; g += threads)
+    if (src_sf[g] == 0xffu) record_plan_error(p.error, (kPlanErrorScale << 60) | (u32)t, (u64)g);
+}
+
+// Pair (t, j)'s RowMeta into its owner's meta region at pool row `row`.
+__device__ __forceinline__ void store_row_meta(const DispatchParams& p, int owner, int row, int t, int j) {
+  RowMeta m;
+  m.rank = p.rank;
+  m.token = t;
+  m.slot = j;
+  m.weight = p.topk_w[t * p.top_k + j];
+  reinterpret_cast<RowMeta*>(p.peers->meta[owner])[row] = m;
+}
+
+// uf_dispatch of BF16 pools: pair `pair` of this rank's T x k (token-major), widened into the
+// owner's pool (or staged raw for the owner's unstage); its channels over `threads` threads (this
+// one is `thread`), its RowMeta from thread 0; kUnroll as widen_row's.
+template <int G, int kUnroll = 1>
+__device__ __forceinline__ void dispatch_pair_bf16(const DispatchParams& p, int pair, int thread, int threads) {
   const int row = p.route[pair];
   if (row < 0) return;
   const int t = pair / p.top_k, j = pair - t * p.top_k;
@@ -400,35 +442,7 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
   const int h = p.hidden;
   const u8* src = p.x + (size_t)t * h;
   const u8* src_sf = p.x_sf + (size_t)t * (h / G);
-  // Each thread moves the 16 pool-order channels at c: four canonical 4-byte words, one of each
-  // scale block of the 128-channel block (four 4-byte loads, 16-byte stores to the owner).
-  if constexpr (kFp8Pool) {
-    u8* dst = reinterpret_cast<u8*>(p.peers->l1_act[owner]) + (size_t)row * h;
-    for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
-      u32 w[kUnroll][4];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + u * threads * 16;
-        if (c >= h) break;
-        const u8* block = src + (c & ~127);
-#pragma unroll
-        for (int b = 0; b < 4; ++b)
-          w[u][b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + u * threads * 16;
-        if (c >= h) break;
-        *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[u][0], w[u][1], w[u][2], w[u][3]);
-      }
-    }
-    // The scales: into the table ([kb][row]), or staged side by side ([row][kb]).
-    const bool in_table = !p.staged || owner == p.rank;
-    u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
-                      : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
-    const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
-    for (int kb = thread; kb < h / 128; kb += threads) sf[kb * kb_stride] = src_sf[kb];
-  } else if (!p.staged || owner == p.rank) {
+  if (!p.staged || owner == p.rank) {
     widen_row<G, kUnroll>(src, src_sf, reinterpret_cast<u16*>(p.peers->l1_act[owner]) + (size_t)row * h, h, thread,
                           threads);
   } else {
@@ -437,17 +451,59 @@ __device__ __forceinline__ void dispatch_pair(const DispatchParams& p, int pair,
       *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
     for (int g = thread; g < h / G; g += threads) dst[h + g] = src_sf[g];
   }
-  // A NaN scale (UE8M0 255) refuses the forward through the error word (each routed pair checks its
-  // token's scales: a token no pair routes is never read); its rows still move, y is not to be read.
-  for (int g = thread; g < h / G; g += threads)
-    if (src_sf[g] == 0xffu) record_plan_error(p.error, (kPlanErrorScale << 60) | (u32)(pair / p.top_k), (u64)g);
-  if (thread == 0) {
-    RowMeta m;
-    m.rank = p.rank;
-    m.token = t;
-    m.slot = j;
-    m.weight = p.topk_w[pair];
-    reinterpret_cast<RowMeta*>(p.peers->meta[owner])[row] = m;
+  check_token_scales<G>(p, t, src_sf, thread, threads);
+  if (thread == 0) store_row_meta(p, owner, row, t, j);
+}
+
+// uf_dispatch of FP8 pools: token t of this rank's T, its row read once and stored into the pool
+// row of each of its k routed pairs (16 pool-order channels a thread at a time: four canonical
+// 4-byte words, one of each scale block of the 128-channel block; kUnroll units loaded before any is
+// stored), then each pair's scales — into the owner's table ([kb][row]), or staged side by side
+// ([row][kb]) for its unstage — and RowMeta. A token's row is read once instead of k times.
+template <int kUnroll = 1>
+__device__ __forceinline__ void dispatch_token_fp8(const DispatchParams& p, int t, int thread, int threads) {
+  const int h = p.hidden, k = p.top_k;
+  const u8* src = p.x + (size_t)t * h;
+  const u8* src_sf = p.x_sf + (size_t)t * (h / 128);
+  const int* route = p.route + (size_t)t * k;
+  const int* ids = p.topk_idx + (size_t)t * k;
+  bool routed = false;
+  for (int j = 0; j < k; ++j) routed |= route[j] >= 0;
+  if (!routed) return;
+  for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
+    u32 w[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * threads * 16;
+      if (c >= h) break;
+      const u8* block = src + (c & ~127);
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        w[u][b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
+    }
+    for (int j = 0; j < k; ++j) {
+      const int row = route[j];
+      if (row < 0) continue;
+      u8* dst = reinterpret_cast<u8*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) + (size_t)row * h;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * threads * 16;
+        if (c >= h) break;
+        *reinterpret_cast<uint4*>(dst + c) = make_uint4(w[u][0], w[u][1], w[u][2], w[u][3]);
+      }
+    }
+  }
+  check_token_scales<128>(p, t, src_sf, thread, threads);
+  for (int j = 0; j < k; ++j) {
+    const int row = route[j];
+    if (row < 0) continue;
+    const int owner = ids[j] / p.experts_per_rank;
+    const bool in_table = !p.staged || owner == p.rank;
+    u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
+                      : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
+    for (int kb = thread; kb < h / 128; kb += threads) sf[kb * kb_stride] = src_sf[kb];
+    if (thread == 0) store_row_meta(p, owner, row, t, j);
   }
 }
 

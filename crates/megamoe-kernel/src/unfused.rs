@@ -914,7 +914,7 @@ impl Pipeline {
 
     /// Stage 1: the destination row of each of this rank's (token, slot) pairs and the padding
     /// marks of its own pool (`uf_route`), then the pairs' rows into their owners' L1 pools (peer
-    /// writes).
+    /// writes, `uf_dispatch`).
     pub fn dispatch(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         let s = self.shape;
         let tokens = self.tokens.expect("set_inputs before dispatch");
@@ -980,6 +980,12 @@ impl Pipeline {
             rank: self.rank as i32,
             staged: i32::from(self.staged_rows),
         };
+        // uf_dispatch's items: FP8 pools take a token a CTA (its row read once for its k pairs),
+        // BF16 pools a pair (each widened with its own scales).
+        let items = match s.routes.l1 {
+            Mma::Fp8 => tokens,
+            Mma::Bf16 => pairs,
+        };
         // SAFETY: uf_route's rows (from every owner's plan, as the host's `routes` would give them)
         // lie below the owner's plan.rows <= pool_rows (checked by PoolPlan::new), the peer table
         // holds every rank's live symmetric buffer of `shape.peer_layout()` (Pipeline::new's
@@ -987,7 +993,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .dispatch
-                .launch(stream, self.chain.next(glue_grid(gpu, pairs, s.hidden, 16)))
+                .launch(stream, self.chain.next(glue_grid(gpu, items, s.hidden, 16)))
                 .scalar(params)
                 .launch()?
         };
