@@ -21,7 +21,10 @@
 // block), token block minor, so CTAs working at once share weight tiles through L2. In a cluster
 // of two (kCluster, BF16 route) the two CTAs walk pairs of neighbouring weight tiles of one token
 // block in step: each loads one K half of the shared activation tile into both (TMA multicast) and
-// a stage is refilled once the consumers of both CTAs released it.
+// a stage is refilled once the consumers of both CTAs released it. Twin units (FP8 one-CTA tiles
+// of at most 96 tokens, Layout::kTwin): a unit is two neighbouring weight tiles of one token
+// block, both loaded into each stage, each consumer warpgroup 64 rows of both at once; each tile
+// still gets its own UnitDesc and epilogue.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace);
 // otherwise CTA c takes items c, c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn
@@ -176,16 +179,27 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
 // kHandoff: the epilogue runs on the producer warpgroup's free warps (the epilogue warps), which
 // take each finished tile from the consumers through the hand-off region (see Gemm).
+// kTwin (FP8 one-CTA tiles of at most 96 tokens, the plan's `twin_tiles`): a unit of work is two
+// neighbouring weight tiles of one token block at once, each consumer warpgroup 64 rows of both
+// (Consumer's second accumulator set), so every stage's activations and token scales serve twice
+// the tensor work. At these tiles a stage's cost is mostly fixed (waits, scale loads, the
+// promotion's issue) and not the wgmmas' (perf.md v88, v89).
 template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
   static constexpr int kBN = BN;
+  static constexpr bool kTwin = kFp8 && kCtas == 1 && BN <= 96;
+  static constexpr int kTiles = kTwin ? 2 : 1;  // weight tiles a stage (and a unit) holds
   static constexpr int kActBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
   static constexpr int kSfBytes = kFp8 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
-  static constexpr int kStageBytes =
-      ((kActBytes + kCodeBytes + kMetaBytes + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
+  // A stage: the activation box, each weight tile's codes, each tile's meta, the token scales
+  // (UE8M0 bytes, then the converter's floats).
+  static constexpr int kCodesAt = kActBytes;
+  static constexpr int kMetaAt = kCodesAt + kTiles * kCodeBytes;
+  static constexpr int kSfAt = kMetaAt + kTiles * kMetaBytes;
+  static constexpr int kStageBytes = ((kSfAt + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
   static constexpr bool kBoxEpilogue = !kHandoff && kFp8 && kCtas == 1;
@@ -204,10 +218,11 @@ struct Layout {
   // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
   // descriptors
   static constexpr int kTableBytes = 144;
-  // The producer's unit descriptors (UnitDesc), a ring one longer than the stages: it can run at
-  // most kStages stages, so kStages units, ahead of the consumers' last read; with a hand-off two
-  // longer, for the epilogue warps read a unit's descriptor while the consumers may be a unit on.
-  static constexpr int kUnitSlots = kStages + (kHandoff ? 2 : 1);
+  // The producer's unit descriptors (UnitDesc, one per weight tile: a twin unit's two side by
+  // side), a ring one unit longer than the stages: it can run at most kStages stages, so kStages
+  // units, ahead of the consumers' last read; with a hand-off two longer, for the epilogue warps
+  // read a unit's descriptor while the consumers may be a unit on.
+  static constexpr int kUnitSlots = kTiles * (kStages + (kHandoff ? 2 : 1));
   static constexpr int kUnitBytes = kUnitSlots * 48;
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
   static constexpr int kSmemBytes =
@@ -231,7 +246,8 @@ struct Layout {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * (65536 / (kThreads * kCtas) / 8 * 8),
                 "the warpgroups' registers exceed the CTA's");
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
-  static constexpr u32 kTxBytes = kActBytes + kCodeBytes + kMetaBytes + (kFp8 ? BN : 0);
+  static constexpr u32 kTileTxBytes = kCodeBytes + kMetaBytes;  // one weight tile's
+  static constexpr u32 kTxBytes = kActBytes + kTiles * kTileTxBytes + (kFp8 ? BN : 0);
 };
 
 // How a tile stands to the other tile of its item (kPairs: an item is two neighbouring weight tiles
@@ -443,7 +459,12 @@ struct Consumer {
   // FP8, one CTA per SM: 256-token tiles hold one fragment set (its 128 accumulators, a temp set
   // and the prefetched scales leave no room for a second), so a stage's decode waits for its
   // predecessor's wgmmas; they halve the decode per token, which pays at large T (perf.md v41).
-  static constexpr bool kOneParity = kFp8 && kCtas == 1 && BN > 128;
+  // Twin units (Layout::kTwin) hold one fragment set of each tile instead: a[0] the first tile's,
+  // a[1] the second's; each chunk's wgmmas of both tiles go in one group, whose promotion waits
+  // for it (perf.md v89: alternating the tiles' groups, one in flight while the other promotes,
+  // was 10 % slower).
+  static constexpr bool kTwin = L::kTwin;
+  static constexpr bool kOneParity = kFp8 && kCtas == 1 && (BN > 128 || kTwin);
   // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
   // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
   // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
@@ -471,10 +492,13 @@ struct Consumer {
   u32 phase = 0;
   int held[2];     // ring stage whose fragments are in parity P
   u32 a[2][kAregs];
-  float base[2][2];  // FP8: weight base of rows r, r+8 per parity
+  float base[2][2];  // FP8: weight base of rows r, r+8 per parity (twin: per tile)
   u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
   float tmp[kTempSets][kNsub / 2];  // FP8: chunks' wgmma results
   float acc[BN / 2];
+  // Twin: the second tile's chunk results and sums (a single unused register otherwise).
+  float tmp2[kTempSets][kTwin ? kNsub / 2 : 1];
+  float acc2[kTwin ? BN / 2 : 1];
 
   __device__ u64* full(int s) const { return (u64*)(smem + L::kFullAt) + s; }
   __device__ u64* empty(int s) const { return (u64*)(smem + L::kEmptyAt) + s; }
@@ -484,28 +508,46 @@ struct Consumer {
   // descriptor rebuilt from the address per stage).
   u64 act_desc0;
   __device__ u64 act_desc(int s) const { return act_desc0 + (u64)(s * (L::kStageBytes >> 4)); }
-  __device__ const uint2* stage_codes(int s) const { return (const uint2*)(smem + s * L::kStageBytes + L::kActBytes); }
-  __device__ const u32* stage_meta(int s) const { return (const u32*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes); }
-  __device__ const float* stage_sf(int s) const {
-    return (const float*)(smem + s * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes + L::kSfBytes);
+  // Stage s's codes and meta of weight tile `tile` of the unit (0, or 1 in a twin unit).
+  __device__ const uint2* stage_codes(int s, int tile = 0) const {
+    return (const uint2*)(smem + s * L::kStageBytes + L::kCodesAt + tile * kCodeBytes);
   }
+  __device__ const u32* stage_meta(int s, int tile = 0) const {
+    return (const u32*)(smem + s * L::kStageBytes + L::kMetaAt + tile * kMetaBytes);
+  }
+  __device__ const float* stage_sf(int s) const { return (const float*)(smem + s * L::kStageBytes + L::kSfAt + L::kSfBytes); }
 
-  // Waits for the next stage and decodes its weight fragments into parity P.
+  // Waits for the next stage and decodes its weight fragments into parity P (twin: both tiles',
+  // into a[0] and a[1]).
   template <int P>
   __device__ __forceinline__ void load_stage() {
     mbar_wait(full(stage), phase);
     mbar_wait(scales_ready(stage), phase);
     held[P] = stage;
-    const u32 meta_r = stage_meta(stage)[row_r], meta_r8 = stage_meta(stage)[row_r + 8];
-    const uint2* codes = stage_codes(stage) + thread;
+    if constexpr (kTwin) {
+      decode_tile<0, 0>(stage);
+      decode_tile<1, 1>(stage);
+    } else {
+      decode_tile<P, kRowBase ? 0 : P>(stage);  // one base per row needs one register pair
+    }
+    next_stage();
+  }
+  __device__ __forceinline__ void next_stage() {
+    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+  }
+  // Weight tile kSet of stage s (twin), or its one tile, into fragment set kSet, its rows' bases
+  // into base[kBase].
+  template <int kSet, int kBase>
+  __device__ __forceinline__ void decode_tile(int s) {
+    constexpr int tile = kTwin ? kSet : 0;
+    const u32 meta_r = stage_meta(s, tile)[row_r], meta_r8 = stage_meta(s, tile)[row_r + 8];
+    const uint2* codes = stage_codes(s, tile) + thread;
     const fp::E4m3Table tr = fold_table_at<kRegs>((meta_r >> (4 * t)) & 0xf, fold_table());
     const fp::E4m3Table tr8 = fold_table_at<kRegs>((meta_r8 >> (4 * t)) & 0xf, fold_table());
 #pragma unroll
-    for (int j = 0; j < 4; ++j) decode_fp8(codes[j * 256], tr, tr8, &a[P][4 * j]);
-    constexpr int kBase = kRowBase ? 0 : P;  // one base per row needs one register pair
+    for (int j = 0; j < 4; ++j) decode_fp8(codes[j * 256], tr, tr8, &a[kSet][4 * j]);
     base[kBase][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
     base[kBase][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
-    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
   }
 
   // BF16: waits for the next stage; it becomes the current one (held[1] keeps the previous).
@@ -515,7 +557,7 @@ struct Consumer {
     held[0] = stage;
     mult_r = bf16_multiplier(stage_meta(stage)[row_r], t);
     mult_r8 = bf16_multiplier(stage_meta(stage)[row_r + 8], t);
-    if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+    next_stage();
   }
 
   // BF16: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H.
@@ -682,6 +724,12 @@ struct Consumer {
     const u64 desc = act_desc(held[P]) + h * kNsub * 8;
 #pragma unroll
     for (int j = 0; j < 4; ++j) mma_fp8_rs<kW>(tmp[B], &a[P][4 * j], desc + 2 * j, j > 0);
+    if constexpr (kTwin) {  // the second tile's rows on the same tokens, in the same group
+#pragma unroll
+      for (int i = 0; i < kW / 2; ++i) fence_operand(tmp2[B][i]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_fp8_rs<kW>(tmp2[B], &a[1][4 * j], desc + 2 * j, j > 0);
+    }
     wg_commit();
   }
 
@@ -713,26 +761,31 @@ struct Consumer {
   }
 
   // FP8: acc += temp set B (chunk h of parity P's stage) x act_scale[token] (x base[row] unless the
-  // base is per row).
+  // base is per row); twin: acc2 += tmp2 the same way, with the second tile's bases.
   template <int kN, int P, int B, int h>
   __device__ __forceinline__ void promote(const float2* sc) {
+    promote_into<kN, h>(tmp[B], acc, sc, base[P]);
+    if constexpr (kTwin) promote_into<kN, h>(tmp2[B], acc2, sc, base[1]);
+  }
+  template <int kN, int h>
+  __device__ __forceinline__ static void promote_into(float* chunk, float* sums, const float2* sc, const float* row_base) {
     constexpr int kW = Active<kN>::width(h);
 #pragma unroll
-    for (int i = 0; i < kW / 2; ++i) fence_operand(tmp[B][i]);
+    for (int i = 0; i < kW / 2; ++i) fence_operand(chunk[i]);
     // accumulator i: row = row_r + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2t + (i & 1)
 #pragma unroll
     for (int q = 0; q < kW / 8; ++q) {
-      float* out = acc + h * (kNsub / 2) + 4 * q;
+      float* out = sums + h * (kNsub / 2) + 4 * q;
       if constexpr (kRowBase) {
-        out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x, out[0]);
-        out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y, out[1]);
-        out[2] = fmaf(tmp[B][4 * q + 2], sc[q].x, out[2]);
-        out[3] = fmaf(tmp[B][4 * q + 3], sc[q].y, out[3]);
+        out[0] = fmaf(chunk[4 * q + 0], sc[q].x, out[0]);
+        out[1] = fmaf(chunk[4 * q + 1], sc[q].y, out[1]);
+        out[2] = fmaf(chunk[4 * q + 2], sc[q].x, out[2]);
+        out[3] = fmaf(chunk[4 * q + 3], sc[q].y, out[3]);
       } else {
-        out[0] = fmaf(tmp[B][4 * q + 0], sc[q].x * base[P][0], out[0]);
-        out[1] = fmaf(tmp[B][4 * q + 1], sc[q].y * base[P][0], out[1]);
-        out[2] = fmaf(tmp[B][4 * q + 2], sc[q].x * base[P][1], out[2]);
-        out[3] = fmaf(tmp[B][4 * q + 3], sc[q].y * base[P][1], out[3]);
+        out[0] = fmaf(chunk[4 * q + 0], sc[q].x * row_base[0], out[0]);
+        out[1] = fmaf(chunk[4 * q + 1], sc[q].y * row_base[0], out[1]);
+        out[2] = fmaf(chunk[4 * q + 2], sc[q].x * row_base[1], out[2]);
+        out[3] = fmaf(chunk[4 * q + 3], sc[q].y * row_base[1], out[3]);
       }
     }
   }
@@ -787,6 +840,10 @@ struct Consumer {
     for (int i = 0; i < BN / 2; ++i) {
       acc[i] = 0.0f;
       fence_operand(acc[i]);
+      if constexpr (kTwin) {
+        acc2[i] = 0.0f;
+        fence_operand(acc2[i]);
+      }
     }
     if constexpr (kFp8 && kOneParity) {
       for (int kb = 0; kb < k_blocks; ++kb) {
@@ -812,7 +869,10 @@ struct Consumer {
     if constexpr (kFp8) {
       if constexpr (kRowBase) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] *= base[0][(i >> 1) & 1];
+        for (int i = 0; i < BN / 2; ++i) {
+          acc[i] *= base[0][(i >> 1) & 1];
+          if constexpr (kTwin) acc2[i] *= base[1][(i >> 1) & 1];
+        }
       }
     } else {
       // Half-stage chunks: decode one half while the tensor core runs the other. Every wait is
@@ -835,7 +895,18 @@ struct Consumer {
       release<0>();
     }
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+    for (int i = 0; i < BN / 2; ++i) {
+      fence_operand(acc[i]);
+      if constexpr (kTwin) fence_operand(acc2[i]);
+    }
+  }
+
+  // Twin: the second tile's sums become acc, for its epilogue.
+  __device__ __forceinline__ void take_second_tile() {
+    if constexpr (kTwin) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = acc2[i];
+    }
   }
 };
 
@@ -887,7 +958,8 @@ struct Producer {
     u64* empty = (u64*)(smem + L::kEmptyAt);
     UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
     prefetch_tensormap(act_map);
-    TileWalker<kCluster, BN, kSplitTail, kPairs> walker(p, (const int*)(smem + L::kItemsAt));
+    // A twin unit is a pair of tiles: the walker's items are pairs, their two units one.
+    TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin> walker(p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
     u32 phase = 0;
     WorkUnit u;
@@ -895,18 +967,27 @@ struct Producer {
     for (; walker.unit(n, rank, u); ++n) {
       const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
       if (p.row_arrivals) wait_row_arrivals(p, row0);
-      const bool ghost = kCluster > 1 && u.n_tile >= p.n_out / kTileRows;
-      // The unit's descriptor goes out before the arrive that completes its first stage.
+      const int first_tile = u.n_tile;
+      // The unit's descriptors (a twin's two) go out before the arrive that completes its first stage.
       ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
-      units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
-                             (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
-                             p.timeline ? (u32)timeline::now() : 0u, (u32)n};
-      if (++slot == L::kUnitSlots) slot = 0;
-      const size_t tile_blocks = (size_t)(u.expert * (p.n_out / kTileRows) + u.n_tile) * (p.k / kBlockK);
+      for (int tile = 0; tile < L::kTiles; ++tile) {
+        if (tile > 0) walker.unit(++n, rank, u);  // the pair's second tile: always there
+        units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
+                               (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
+                               p.timeline ? (u32)timeline::now() : 0u, (u32)n};
+        if (++slot == L::kUnitSlots) slot = 0;
+      }
+      // Tiles past n_out (a cluster's ghost, a twin's odd last) have no weights to load.
+      const int n_tiles = p.n_out / kTileRows;
+      const int loaded_tiles = max(0, min(L::kTiles, n_tiles - first_tile));
+      const size_t k_blocks = p.k / kBlockK;
+      const size_t tile_blocks = (size_t)(u.expert * n_tiles + first_tile) * k_blocks;
+      // (Not unrolled: the unrolled loop's precomputed addresses spill the producer's registers.)
+#pragma unroll 1
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         u8* dst = smem + stage * L::kStageBytes;
         ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
-        mbar_expect_tx(&full[stage], L::kTxBytes - (ghost ? kCodeBytes + kMetaBytes : 0));
+        mbar_expect_tx(&full[stage], L::kTxBytes - (L::kTiles - loaded_tiles) * L::kTileTxBytes);
         if constexpr (kCluster == 2) {
           // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
           tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
@@ -914,14 +995,13 @@ struct Producer {
           tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
           if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
         }
-        if constexpr (kFp8) {
-          bulk_load(dst + L::kActBytes + kCodeBytes + kMetaBytes, p.act_sf + (size_t)kb * p.sf_stride + row0, BN,
-                    &full[stage]);
-        }
-        if (!ghost) {
-          bulk_load(dst + L::kActBytes, p.w_codes + (tile_blocks + kb) * kCodeBytes, kCodeBytes, &full[stage]);
-          bulk_load(dst + L::kActBytes + kCodeBytes, p.w_meta + (tile_blocks + kb) * kTileRows, kMetaBytes,
-                    &full[stage]);
+        if constexpr (kFp8) bulk_load(dst + L::kSfAt, p.act_sf + (size_t)kb * p.sf_stride + row0, BN, &full[stage]);
+#pragma unroll
+        for (int tile = 0; tile < L::kTiles; ++tile) {
+          if (tile >= loaded_tiles) break;
+          const size_t block = tile_blocks + tile * k_blocks + kb;
+          bulk_load(dst + L::kCodesAt + tile * kCodeBytes, p.w_codes + block * kCodeBytes, kCodeBytes, &full[stage]);
+          bulk_load(dst + L::kMetaAt + tile * kMetaBytes, p.w_meta + block * kTileRows, kMetaBytes, &full[stage]);
         }
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }
@@ -948,12 +1028,12 @@ struct ScaleConverter {
     const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
     int stage = 0, slot = 0;
     u32 phase = 0;
-    for (;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+    for (;; slot = slot + L::kTiles == L::kUnitSlots ? 0 : slot + L::kTiles) {
       ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
       for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
-        u8* dst = smem + stage * L::kStageBytes + L::kActBytes + kCodeBytes + kMetaBytes;
+        u8* dst = smem + stage * L::kStageBytes + L::kSfAt;
         ring_wait(&full[stage], phase, smem + L::kRingErrorAt);
         for (int i = lane; i < BN; i += 32)
           ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
@@ -1043,8 +1123,8 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
     c.template mainloop<BN>(blocks);
   }
   const UnitDesc d = *unit;  // read again: no registers held across the main loop
-  // A ghost tile (past n_out: the odd last tile of a cluster's group) ran the math on
-  // whatever its stages held (its weights are not loaded) and writes nothing: a separate
+  // A ghost tile (past n_out: the odd last tile of a cluster's group or a twin unit) ran the math
+  // on whatever its stages held (its weights are not loaded) and writes nothing: a separate
   // path would cost the main loop its uniform descriptor arithmetic. (A hand-off epilogue takes
   // every unit in turn and leaves the ghost's out itself.)
   if (!Epilogue::kHandoff && C::kClusterCtas > 1 && d.n_col >= p.n_out) return;
@@ -1059,6 +1139,11 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
     }
   }
   epi.tile(c, p, out_map, d);
+  if constexpr (C::kTwin) {  // the unit's second tile: its descriptor is the next slot's
+    const UnitDesc d2 = unit[1];
+    c.take_second_tile();
+    if (Epilogue::kHandoff || d2.n_col < p.n_out) epi.tile(c, p, out_map, d2);
+  }
 }
 
 // Warpgroups 1 and 2 (thread 128 on), after setmaxnreg: every unit the producer hands out, until
@@ -1077,7 +1162,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
   c.t = c.lane % 4;
   c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
   if constexpr (kCluster == 2) c.peer = rank ^ 1;
-  for (int slot = 0;; slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
+  for (int slot = 0;; slot = slot + L::kTiles == L::kUnitSlots ? 0 : slot + L::kTiles) {
     mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
     const UnitDesc* unit = units + slot;
     const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
@@ -1086,8 +1171,11 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
       break;
     }
     consume_unit<kNarrowTiles, kSplitTail>(c, p, out_map, epi, unit, range);
-    // The unit as one event, from its hand-out to now (nothing held across the main loop for it).
-    if (p.timeline && c.thread == 0) timeline::tile_done(p.timeline, *unit, smid());
+    // Each tile of the unit as one event, from its hand-out to now (nothing held across the main
+    // loop for it).
+    if (p.timeline && c.thread == 0) {
+      for (int tile = 0; tile < L::kTiles; ++tile) timeline::tile_done(p.timeline, unit[tile], smid());
+    }
   }
 }
 

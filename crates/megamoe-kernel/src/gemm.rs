@@ -300,13 +300,6 @@ impl TilePlan {
                 tile: tokens_per_tile,
             });
         }
-        let bn = tokens_per_tile;
-        let (act, sf) = match mma {
-            // scale bytes (padded to 128) and the converter warp's floats
-            Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
-            Mma::Bf16 => (bn * 128 * 2, 0),
-        };
-        let stage_bytes = (act + CODE_BYTES + 4 * TILE_ROWS + sf).next_multiple_of(1024);
         let ctas_per_sm = if TWO_CTAS.contains(&(mma, tokens_per_tile)) {
             2
         } else {
@@ -316,7 +309,7 @@ impl TilePlan {
             mma,
             tokens_per_tile,
             stages: 0,
-            stage_bytes,
+            stage_bytes: 0,
             ctas_per_sm: 0,
             fold: Fold::default(),
             cluster: 1,
@@ -353,8 +346,34 @@ impl TilePlan {
         .with_stages_that_fit()
     }
 
+    /// Whether a unit of work is two neighbouring weight tiles of one token block at once
+    /// (`Layout::kTwin`): FP8 one-CTA tiles of at most 96 tokens, where a stage's cost is mostly
+    /// fixed and not its wgmmas', so each consumer warpgroup takes 64 rows of both tiles and every
+    /// stage's activations and scales serve twice the tensor work (perf.md v89).
+    pub fn twin_tiles(&self) -> bool {
+        self.mma == Mma::Fp8 && self.ctas_per_sm == 1 && self.tokens_per_tile <= 96
+    }
+
+    /// Weight tiles a stage holds (2 with twin tiles).
+    fn stage_tiles(&self) -> usize {
+        if self.twin_tiles() { 2 } else { 1 }
+    }
+
+    /// Bytes of one pipeline stage (`Layout::kStageBytes`): the activation box, each weight tile's
+    /// codes and meta, and on the FP8 route the token scales (padded to 128) and the converter
+    /// warp's floats.
+    fn stage_bytes_of(&self) -> usize {
+        let bn = self.tokens_per_tile;
+        let (act, sf) = match self.mma {
+            Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
+            Mma::Bf16 => (bn * 128 * 2, 0),
+        };
+        (act + self.stage_tiles() * (CODE_BYTES + 4 * TILE_ROWS) + sf).next_multiple_of(1024)
+    }
+
     /// The same tile with as many stages as fit next to its epilogue's shared memory.
     fn with_stages_that_fit(self) -> Self {
+        let stage_bytes = self.stage_bytes_of();
         let stages = ((SMEM_BUDGET[self.ctas_per_sm - 1]
             - epilogue_bytes(
                 self.mma,
@@ -362,9 +381,13 @@ impl TilePlan {
                 self.tokens_per_tile,
                 self.epilogue,
             ))
-            / self.stage_bytes)
+            / stage_bytes)
             .min(MAX_STAGES);
-        Self { stages, ..self }
+        Self {
+            stages,
+            stage_bytes,
+            ..self
+        }
     }
 
     /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route without pairs).
@@ -480,11 +503,11 @@ impl TilePlan {
             )
             + (24 * self.stages).next_multiple_of(16)
             + 144
-            + UNIT_DESC_BYTES * (self.stages + self.unit_slots_beyond_stages())
+            + UNIT_DESC_BYTES * self.stage_tiles() * (self.stages + self.unit_slots_beyond_stages())
     }
 
-    /// The producer's unit descriptors beyond one per stage (`kUnitSlots`): the epilogue warps of
-    /// a hand-off epilogue read theirs a unit later than the consumers.
+    /// The producer's units beyond one per stage (`kUnitSlots`, a descriptor per weight tile of
+    /// each): the epilogue warps of a hand-off epilogue read theirs a unit later than the consumers.
     fn unit_slots_beyond_stages(&self) -> usize {
         match self.epilogue {
             Epilogue::Swiglu { .. } => 2,
