@@ -1390,6 +1390,23 @@ mod tests {
     }
 
     #[test]
+    fn twin_units_are_fp8_one_cta_tiles_of_at_most_96_tokens() {
+        let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
+        let twin = plan(Mma::Fp8, 96);
+        assert!(twin.twin_tiles());
+        // 12 KiB of activations, each tile's 8 KiB of codes and 512 B of meta, 512 B of scales.
+        assert_eq!(twin.stage_bytes, 30 * 1024);
+        assert_eq!(twin.stages, 6);
+        assert!(plan(Mma::Fp8, 64).twin_tiles());
+        for (mma, bn) in [(Mma::Fp8, 32), (Mma::Fp8, 128), (Mma::Bf16, 96)] {
+            assert!(!plan(mma, bn).twin_tiles(), "{mma} {bn}");
+        }
+        let two_ctas = plan(Mma::Fp8, 96).with_ctas_per_sm(2);
+        assert!(!two_ctas.twin_tiles());
+        assert_eq!(two_ctas.stage_bytes, 21 * 1024);
+    }
+
+    #[test]
     fn token_tiles_follow_the_measured_choice() {
         // V4-Pro per rank: 48 experts, top-6; average rows per expert = 6T/48.
         let avg = |t: f64| 6.0 * t / 48.0;
