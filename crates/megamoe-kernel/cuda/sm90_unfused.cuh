@@ -180,6 +180,26 @@ __device__ __forceinline__ void record_plan_error(u64* error, u64 kind_and_where
 // Pairs a thread of the count and the route takes per round (loaded before any is used).
 constexpr int kRoutePerThread = 16;
 
+// The kRoutePerThread expert ids from pair `first` on, `past` for pairs at or past `pairs`: 64
+// aligned bytes as four 16-byte loads when all are there (topk_idx is a whole allocation), so that
+// a thread's ids are in flight at once instead of a chain of single loads.
+__device__ __forceinline__ void load_route_ids(const int* topk_idx, int first, int pairs, int past,
+                                               int (&ids)[kRoutePerThread]) {
+  if (first + kRoutePerThread <= pairs) {
+#pragma unroll
+    for (int v = 0; v < kRoutePerThread / 4; ++v) {
+      const int4 q = reinterpret_cast<const int4*>(topk_idx + first)[v];
+      ids[4 * v] = q.x;
+      ids[4 * v + 1] = q.y;
+      ids[4 * v + 2] = q.z;
+      ids[4 * v + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRoutePerThread; ++i) ids[i] = first + i < pairs ? topk_idx[first + i] : past;
+  }
+}
+
 // uf_count: this rank's routes per global expert into `hist` (shared, [E]), then published as row
 // `rank` of every rank's counts table (peer stores, made visible to the owners by the rank
 // barrier that follows); a refused id makes the row's first count kCountRefused. `thread` of
@@ -187,24 +207,12 @@ constexpr int kRoutePerThread = 16;
 __device__ __forceinline__ void count_routes(const CountParams& p, u32* hist, int thread, int threads) {
   for (int e = thread; e < p.num_experts; e += threads) hist[e] = 0;
   __syncthreads();
-  // kRoutePerThread consecutive ids a thread per round, loaded before any is counted (four 16-byte
-  // loads: topk_idx is a whole allocation), so that one CTA's count is not a chain of single loads.
+  // kRoutePerThread consecutive ids a thread per round, loaded before any is counted, so that one
+  // CTA's count is not a chain of single loads (pairs past the end read as masked, -1).
   for (int round = 0; round < p.pairs; round += threads * kRoutePerThread) {
     const int first = round + thread * kRoutePerThread;
     int ids[kRoutePerThread];
-    if (first + kRoutePerThread <= p.pairs) {
-#pragma unroll
-      for (int v = 0; v < kRoutePerThread / 4; ++v) {
-        const int4 q = reinterpret_cast<const int4*>(p.topk_idx + first)[v];
-        ids[4 * v] = q.x;
-        ids[4 * v + 1] = q.y;
-        ids[4 * v + 2] = q.z;
-        ids[4 * v + 3] = q.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kRoutePerThread; ++i) ids[i] = first + i < p.pairs ? p.topk_idx[first + i] : -1;
-    }
+    load_route_ids(p.topk_idx, first, p.pairs, -1, ids);
 #pragma unroll
     for (int q = 0; q < kRoutePerThread; ++q) {
       const int e = ids[q], i = first + q;
@@ -365,20 +373,7 @@ __device__ __forceinline__ void route_expert(const RouteParams& p, int e) {
   for (int round = 0; round < p.pairs; round += kThreads * kRoutePerThread) {
     const int first = round + threadIdx.x * kRoutePerThread;
     int ids[kRoutePerThread];
-    if (first + kRoutePerThread <= p.pairs) {
-      // 64 aligned bytes (topk_idx is a whole allocation): four 16-byte loads.
-#pragma unroll
-      for (int v = 0; v < kRoutePerThread / 4; ++v) {
-        const int4 q = reinterpret_cast<const int4*>(p.topk_idx + first)[v];
-        ids[4 * v] = q.x;
-        ids[4 * v + 1] = q.y;
-        ids[4 * v + 2] = q.z;
-        ids[4 * v + 3] = q.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kRoutePerThread; ++i) ids[i] = first + i < p.pairs ? p.topk_idx[first + i] : -2;
-    }
+    load_route_ids(p.topk_idx, first, p.pairs, -2, ids);  // -2: past the end, neither an expert nor masked
     int mine = 0;
 #pragma unroll
     for (int i = 0; i < kRoutePerThread; ++i) mine += ids[i] == e;
