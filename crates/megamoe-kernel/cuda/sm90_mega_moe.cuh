@@ -174,19 +174,24 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
 
 // The glue stages. (Calls of their own, noinline, spill under the call convention's registers.)
 
-// 3. route: a CTA per expert; 4. dispatch: tokens (FP8 pools) or pairs (BF16 pools) over the grid.
+// 3. route: a CTA per expert; 4. dispatch: tokens (FP8 pools, when they fill the grid) or pairs over the grid.
 template <int G, bool kL1Fp8Pool, int kUnroll>
 __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   RouteParams route = p.route;
   route.pairs = forward_tokens(p) * p.count.top_k;
   for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(route, e);
   barriers::grid_barrier(p.grid_word);
+  const int parts = max_parts<kUnroll>(p.dispatch.hidden / 16), tokens = forward_tokens(p), k = p.count.top_k;
   if constexpr (kL1Fp8Pool) {
-    over_warps(forward_tokens(p), max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int token, int t, int threads) {
-      dispatch_token_fp8<kUnroll>(p.dispatch, token, t, threads);
+    // Tokens enough for every warp: each row read once for its k slots; fewer (small T): a pair
+    // at a time, so that k times the warps share the work.
+    const bool whole = tokens * parts >= (int)gridDim.x * kWarps;
+    over_warps(whole ? tokens : route.pairs, parts, [&](int item, int t, int threads) {
+      const int token = whole ? item : item / k, j0 = whole ? 0 : item - token * k;
+      dispatch_slots_fp8<kUnroll>(p.dispatch, token, j0, whole ? k : j0 + 1, t, threads);
     });
   } else {
-    over_warps(route.pairs, max_parts<kUnroll>(p.dispatch.hidden / 16), [&](int pair, int t, int threads) {
+    over_warps(route.pairs, parts, [&](int pair, int t, int threads) {
       dispatch_pair_bf16<G, kUnroll>(p.dispatch, pair, t, threads);
     });
   }

@@ -214,6 +214,11 @@ struct Layout {
   static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * BN * 128 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
+  // FP8 one-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end
+  // early (a short main loop, consume_unit) runs its stages faster than the weights stream from
+  // HBM into so few, so the producer prefetches its stages' weights a ring ahead into L2 (perf.md
+  // v90: -2.4 % at T = 1000; whole units gain nothing from it).
+  static constexpr int kWeightPrefetch = kFp8 && kCtas == 1 && BN >= 128 ? kStages : 0;
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
   // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
   // descriptors
@@ -468,8 +473,10 @@ struct Consumer {
   // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
   // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
   // 256-token tiles have registers for one temp set besides the scales' prefetch, which is worth
-  // more there (lag 1 without it: -4 %, v41c; with it at 232 registers: -2 %, v45).
-  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
+  // more there (lag 1 without it: -4 %, v41c; with it at 232 registers: -2 %, v45). 96-token
+  // twins promote one chunk behind (their 32-token chunks leave the registers for it: -4 %,
+  // perf.md v90); 64-token twins do not (a 64-token chunk is the whole loop).
+  static constexpr int kLag = !kFp8 || kCtas == 2 ? 1 : kTwin && BN > 64 ? 1 : kOneParity ? 0 : BN > 64 ? 2 : 1;
   static constexpr int kTempSets = kLag + 1;
   // The main loop runs on the first kN tokens of the tile (BN, or fewer when the tile's rows fit:
   // less wgmma and promotion work). FP8 chunks of that: chunk h is the kNsub tokens from h kNsub
@@ -968,11 +975,13 @@ struct Producer {
       const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
       if (p.row_arrivals) wait_row_arrivals(p, row0);
       const int first_tile = u.n_tile;
+      const int rows = min(BN, p.expert_rows[u.expert] - u.m_block * BN);
+      const bool prefetch = L::kWeightPrefetch > 0 && rows <= BN - 64;
       // The unit's descriptors (a twin's two) go out before the arrive that completes its first stage.
       ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
       for (int tile = 0; tile < L::kTiles; ++tile) {
         if (tile > 0) walker.unit(++n, rank, u);  // the pair's second tile: always there
-        units[slot] = UnitDesc{row0, min(BN, p.expert_rows[u.expert] - u.m_block * BN), u.n_tile * kTileRows,
+        units[slot] = UnitDesc{row0, rows, u.n_tile * kTileRows,
                                (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
                                p.timeline ? (u32)timeline::now() : 0u, (u32)n};
         if (++slot == L::kUnitSlots) slot = 0;
@@ -1002,6 +1011,10 @@ struct Producer {
           const size_t block = tile_blocks + tile * k_blocks + kb;
           bulk_load(dst + L::kCodesAt + tile * kCodeBytes, p.w_codes + block * kCodeBytes, kCodeBytes, &full[stage]);
           bulk_load(dst + L::kMetaAt + tile * kMetaBytes, p.w_meta + block * kTileRows, kMetaBytes, &full[stage]);
+          if (prefetch && kb + L::kWeightPrefetch < u.kb_end) {
+            bulk_prefetch_l2(p.w_codes + (block + L::kWeightPrefetch) * kCodeBytes, kCodeBytes);
+            bulk_prefetch_l2(p.w_meta + (block + L::kWeightPrefetch) * kTileRows, kMetaBytes);
+          }
         }
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }

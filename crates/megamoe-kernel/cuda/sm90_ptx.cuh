@@ -137,6 +137,10 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+// `bytes` (a multiple of 16) from `src` into L2, asynchronously; nothing waits for it.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, u32 bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 // A box of `map` at (x, y) from shared memory to global, in this thread's bulk group. The writes
 // that filled `src` must be ordered before it by fence_proxy_async_shared.
 __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, int x, int y) {

@@ -450,20 +450,23 @@ __device__ __forceinline__ void dispatch_pair_bf16(const DispatchParams& p, int 
   if (thread == 0) store_row_meta(p, owner, row, t, j);
 }
 
-// uf_dispatch of FP8 pools: token t of this rank's T, its row read once and stored into the pool
-// row of each of its k routed pairs (16 pool-order channels a thread at a time: four canonical
-// 4-byte words, one of each scale block of the 128-channel block; kUnroll units loaded before any is
-// stored), then each pair's scales — into the owner's table ([kb][row]), or staged side by side
-// ([row][kb]) for its unstage — and RowMeta. A token's row is read once instead of k times.
+// uf_dispatch of FP8 pools: slots [j0, j1) of token t of this rank's T (a whole token, or one
+// pair), its row read once and stored into the pool row of each routed slot (16 pool-order
+// channels a thread at a time: four canonical 4-byte words, one of each scale block of the
+// 128-channel block; kUnroll units loaded before any is stored), then each slot's scales — into
+// the owner's table ([kb][row]), or staged side by side ([row][kb]) for its unstage — and RowMeta.
+// A whole token's row is read once instead of k times; a pair at a time spreads the slots' chain
+// of lookups over k times the warps when the tokens are few (route_and_dispatch).
 template <int kUnroll = 1>
-__device__ __forceinline__ void dispatch_token_fp8(const DispatchParams& p, int t, int thread, int threads) {
-  const int h = p.hidden, k = p.top_k;
+__device__ __forceinline__ void dispatch_slots_fp8(const DispatchParams& p, int t, int j0, int j1, int thread,
+                                                   int threads) {
+  const int h = p.hidden, k = p.top_k, k_blocks = h / 128;
   const u8* src = p.x + (size_t)t * h;
-  const u8* src_sf = p.x_sf + (size_t)t * (h / 128);
+  const u8* src_sf = p.x_sf + (size_t)t * k_blocks;
   const int* route = p.route + (size_t)t * k;
   const int* ids = p.topk_idx + (size_t)t * k;
   bool routed = false;
-  for (int j = 0; j < k; ++j) routed |= route[j] >= 0;
+  for (int j = j0; j < j1; ++j) routed |= route[j] >= 0;
   if (!routed) return;
   for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
     u32 w[kUnroll][4];
@@ -476,7 +479,7 @@ __device__ __forceinline__ void dispatch_token_fp8(const DispatchParams& p, int 
       for (int b = 0; b < 4; ++b)
         w[u][b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
     }
-    for (int j = 0; j < k; ++j) {
+    for (int j = j0; j < j1; ++j) {
       const int row = route[j];
       if (row < 0) continue;
       u8* dst = reinterpret_cast<u8*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) + (size_t)row * h;
@@ -489,7 +492,7 @@ __device__ __forceinline__ void dispatch_token_fp8(const DispatchParams& p, int 
     }
   }
   check_token_scales<128>(p, t, src_sf, thread, threads);
-  for (int j = 0; j < k; ++j) {
+  for (int j = j0; j < j1; ++j) {
     const int row = route[j];
     if (row < 0) continue;
     const int owner = ids[j] / p.experts_per_rank;
@@ -497,7 +500,7 @@ __device__ __forceinline__ void dispatch_token_fp8(const DispatchParams& p, int 
     u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
                       : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
     const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
-    for (int kb = thread; kb < h / 128; kb += threads) sf[kb * kb_stride] = src_sf[kb];
+    for (int kb = thread; kb < k_blocks; kb += threads) sf[kb * kb_stride] = src_sf[kb];
     if (thread == 0) store_row_meta(p, owner, row, t, j);
   }
 }

@@ -290,7 +290,7 @@ fn every_tile(expert_rows: &[usize], n: usize, seed: u64, check_stride: Option<u
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_specialization_matches_the_reference() {
-    every_tile(&[0, 1, 7, 129, 40, 16], 256, 0, None);
+    every_tile(&[0, 1, 7, 129, 40, 16, 100, 300], 256, 0, None);
 }
 
 #[test]
