@@ -217,7 +217,7 @@ struct Layout {
   // FP8 one-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end
   // early (a short main loop, consume_unit) runs its stages faster than the weights stream from
   // HBM into so few, so the producer prefetches its stages' weights a ring ahead into L2 (perf.md
-  // v90: -2.4 % at T = 1000; whole units gain nothing from it).
+  // v90: -3.5 % at T = 1000; whole units gain nothing from it).
   static constexpr int kWeightPrefetch = kFp8 && kCtas == 1 && BN >= 128 ? kStages : 0;
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
   // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
@@ -1117,6 +1117,7 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
   // T most experts' last block holds a few rows past a multiple of 256. FP8 loops of whole chunks
   // only: a chunk narrower than the others (64 of a 96-token chunk, 32 after a 64) makes ptxas
   // serialize the wgmmas (C7511) or spill, so the 96-token FP8 tile runs 32-token chunks.
+  // (The producer's weight prefetch, Layout::kWeightPrefetch, keys on the same rule: rows ≤ BN − 64.)
   constexpr bool kFp8 = C::kFp8Route;
   constexpr bool kShortTail = BN >= 96 && C::kCtasPerSm == 1;
   constexpr int kTail1 = kShortTail ? 64 : BN;
