@@ -41,7 +41,9 @@
 // (stmatrix.trans) and one of its threads hands them to the TMA as one box (`out_map`, a 2-D map
 // over out); otherwise the fragments are stored directly.
 //
-// Weight layouts (made by megamoe-kernel's transform, per (expert, weight tile, k128 block)):
+// Weight layout (made by megamoe-kernel's transform): per (expert, weight tile, k128 block) one weight
+// block of kWeightBlockBytes, the codes then the meta, which the producer loads with one copy a stage
+// (the producer thread's work per stage is on the critical path: perf.md v92):
 //   codes: [k32 step j 4][consumer wg 2][thread 128] x {u32 row r, u32 row r+8} = 8 KiB,
 //          r = 16 * warp + lane / 4 within the warpgroup's 64 rows; k is the pool's channel order
 //          (pool_order.cuh), in which thread-in-quad t's weights all lie in scale block t.
@@ -73,11 +75,11 @@ constexpr int kTileRows = 128;      // weight rows per tile
 constexpr int kBlockK = 128;        // K per pipeline stage
 constexpr int kCodeBytes = 8192;    // FP4 codes of one (tile, k128 block)
 constexpr int kMetaBytes = 512;     // one u32 per weight row
+constexpr int kWeightBlockBytes = kCodeBytes + kMetaBytes;  // one (tile, k128 block): codes, then meta
 constexpr int kMaxSplitParts = 4;   // parts of K a split-tail item is drawn in, at most
 
 struct GemmParams {
-  const u8* w_codes;         // [E][n_tiles][k_blocks] x kCodeBytes
-  const u32* w_meta;         // [E][n_tiles][k_blocks][128]
+  const u8* w_blocks;        // [E][n_tiles][k_blocks] x kWeightBlockBytes
   const u8* act_sf;          // FP8: [k_blocks][sf_stride]; BF16: unused
   u16* out;                  // [pool rows][n_out] BF16 bits
   const int* expert_offset;  // [E] first pool row of each expert
@@ -111,7 +113,7 @@ struct GemmParams {
   // kLocalWaitTimeoutNs: a timeout in `error`, and the tile goes on).
   const u32* row_arrivals;
 };
-static_assert(sizeof(GemmParams) == 120, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+static_assert(sizeof(GemmParams) == 112, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
 // How long an in-kernel wait on another CTA (a split tail's head for a later part, the fused L2's
 // producer for its rows' L1 tiles) waits before it gives up: far beyond any launch (milliseconds),
@@ -194,11 +196,10 @@ struct Layout {
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
-  // A stage: the activation box, each weight tile's codes, each tile's meta, the token scales
+  // A stage: the activation box, each weight tile's block (codes, then meta), the token scales
   // (UE8M0 bytes, then the converter's floats).
   static constexpr int kCodesAt = kActBytes;
-  static constexpr int kMetaAt = kCodesAt + kTiles * kCodeBytes;
-  static constexpr int kSfAt = kMetaAt + kTiles * kMetaBytes;
+  static constexpr int kSfAt = kCodesAt + kTiles * kWeightBlockBytes;
   static constexpr int kStageBytes = ((kSfAt + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
@@ -251,8 +252,7 @@ struct Layout {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * (65536 / (kThreads * kCtas) / 8 * 8),
                 "the warpgroups' registers exceed the CTA's");
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
-  static constexpr u32 kTileTxBytes = kCodeBytes + kMetaBytes;  // one weight tile's
-  static constexpr u32 kTxBytes = kActBytes + kTiles * kTileTxBytes + (kFp8 ? BN : 0);
+  static constexpr u32 kTxBytes = kActBytes + kTiles * kWeightBlockBytes + (kFp8 ? BN : 0);
 };
 
 // How a tile stands to the other tile of its item (kPairs: an item is two neighbouring weight tiles
@@ -517,10 +517,10 @@ struct Consumer {
   __device__ u64 act_desc(int s) const { return act_desc0 + (u64)(s * (L::kStageBytes >> 4)); }
   // Stage s's codes and meta of weight tile `tile` of the unit (0, or 1 in a twin unit).
   __device__ const uint2* stage_codes(int s, int tile = 0) const {
-    return (const uint2*)(smem + s * L::kStageBytes + L::kCodesAt + tile * kCodeBytes);
+    return (const uint2*)(smem + s * L::kStageBytes + L::kCodesAt + tile * kWeightBlockBytes);
   }
   __device__ const u32* stage_meta(int s, int tile = 0) const {
-    return (const u32*)(smem + s * L::kStageBytes + L::kMetaAt + tile * kMetaBytes);
+    return (const u32*)(smem + s * L::kStageBytes + L::kCodesAt + tile * kWeightBlockBytes + kCodeBytes);
   }
   __device__ const float* stage_sf(int s) const { return (const float*)(smem + s * L::kStageBytes + L::kSfAt + L::kSfBytes); }
 
@@ -996,7 +996,7 @@ struct Producer {
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         u8* dst = smem + stage * L::kStageBytes;
         ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
-        mbar_expect_tx(&full[stage], L::kTxBytes - (L::kTiles - loaded_tiles) * L::kTileTxBytes);
+        mbar_expect_tx(&full[stage], L::kTxBytes - (L::kTiles - loaded_tiles) * kWeightBlockBytes);
         if constexpr (kCluster == 2) {
           // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
           tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
@@ -1009,12 +1009,10 @@ struct Producer {
         for (int tile = 0; tile < L::kTiles; ++tile) {
           if (tile >= loaded_tiles) break;
           const size_t block = tile_blocks + tile * k_blocks + kb;
-          bulk_load(dst + L::kCodesAt + tile * kCodeBytes, p.w_codes + block * kCodeBytes, kCodeBytes, &full[stage]);
-          bulk_load(dst + L::kMetaAt + tile * kMetaBytes, p.w_meta + block * kTileRows, kMetaBytes, &full[stage]);
-          if (prefetch && kb + L::kWeightPrefetch < u.kb_end) {
-            bulk_prefetch_l2(p.w_codes + (block + L::kWeightPrefetch) * kCodeBytes, kCodeBytes);
-            bulk_prefetch_l2(p.w_meta + (block + L::kWeightPrefetch) * kTileRows, kMetaBytes);
-          }
+          bulk_load(dst + L::kCodesAt + tile * kWeightBlockBytes, p.w_blocks + block * kWeightBlockBytes,
+                    kWeightBlockBytes, &full[stage]);
+          if (prefetch && kb + L::kWeightPrefetch < u.kb_end)
+            bulk_prefetch_l2(p.w_blocks + (block + L::kWeightPrefetch) * kWeightBlockBytes, kWeightBlockBytes);
         }
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }

@@ -76,7 +76,7 @@ struct MegaParams {
 }
 
 const _: () = assert!(size_of::<InputParams>() == 64);
-const _: () = assert!(size_of::<MegaParams>() == 808);
+const _: () = assert!(size_of::<MegaParams>() == 792);
 
 /// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
 /// same for any binding): device addresses on the pipeline's GPU of `x` (`[T][H]`, as
@@ -589,8 +589,7 @@ impl Pipeline {
         let layer =
             |layer: usize, plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| {
                 GemmParams {
-                    w_codes: w.codes.device_ptr(stream).0,
-                    w_meta: w.meta.device_ptr(stream).0,
+                    w_blocks: w.blocks.device_ptr(stream).0,
                     act_sf: if plan.mma == Mma::Fp8 { act_sf } else { 0 },
                     out,
                     expert_offset,

@@ -13,7 +13,7 @@ use fp_formats::Recipe;
 
 use crate::epilogue::{Epilogue, SwigluOut, spill_floats};
 use crate::timeline::{EventKind, TimelineBuffers};
-use crate::transform::{BLOCK_K, CODE_BYTES, Fold, GemmWeights, RowOrder, TILE_ROWS};
+use crate::transform::{BLOCK_K, Fold, GemmWeights, RowOrder, TILE_ROWS, WEIGHT_BLOCK_BYTES};
 
 /// How the tensor core multiplies FP8 activations by MXFP4 weights: the two main loops of the
 /// grouped GEMM. The activation scale group (the recipe) matters only to the pool's producer.
@@ -368,7 +368,7 @@ impl TilePlan {
             Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
             Mma::Bf16 => (bn * 128 * 2, 0),
         };
-        (act + self.stage_tiles() * (CODE_BYTES + 4 * TILE_ROWS) + sf).next_multiple_of(1024)
+        (act + self.stage_tiles() * WEIGHT_BLOCK_BYTES + sf).next_multiple_of(1024)
     }
 
     /// The same tile with as many stages as fit next to its epilogue's shared memory.
@@ -731,8 +731,7 @@ pub const MAX_SPLIT_PARTS: usize = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct GemmParams {
-    pub(crate) w_codes: u64,
-    pub(crate) w_meta: u64,
+    pub(crate) w_blocks: u64,
     pub(crate) act_sf: u64,
     pub(crate) out: u64,
     pub(crate) expert_offset: u64,
@@ -751,7 +750,7 @@ pub(crate) struct GemmParams {
     pub(crate) row_arrivals: u64,
 }
 
-const _: () = assert!(size_of::<GemmParams>() == 120);
+const _: () = assert!(size_of::<GemmParams>() == 112);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -761,8 +760,7 @@ pub struct DeviceWeights {
     pub k: usize,
     pub fold: Fold,
     pub rows: RowOrder,
-    pub(crate) codes: CudaSlice<u8>,
-    pub(crate) meta: CudaSlice<u32>,
+    pub(crate) blocks: CudaSlice<u8>,
 }
 
 impl DeviceWeights {
@@ -774,14 +772,13 @@ impl DeviceWeights {
             k: w.k,
             fold: w.fold,
             rows: w.rows,
-            codes: gpu.upload(&w.codes)?,
-            meta: gpu.upload(&w.meta)?,
+            blocks: gpu.upload(&w.blocks)?,
         })
     }
 
     /// Bytes one full pass over `experts` experts reads.
     pub fn bytes_per_expert(&self) -> usize {
-        self.n * self.k / 2 + self.n * (self.k / BLOCK_K) * 4
+        self.n / TILE_ROWS * (self.k / BLOCK_K) * WEIGHT_BLOCK_BYTES
     }
 }
 
@@ -1034,8 +1031,7 @@ impl GemmCore {
     ) -> Result<(), GemmError> {
         self.check(weights, pool, &out)?;
         let stream = gpu.stream();
-        let (codes, _g1) = weights.codes.device_ptr(stream);
-        let (meta, _g2) = weights.meta.device_ptr(stream);
+        let (blocks, _g1) = weights.blocks.device_ptr(stream);
         let (offsets, _g3) = pool.expert_offset_dev.device_ptr(stream);
         let (rows, _g4) = pool.expert_rows_dev.device_ptr(stream);
         let (out_addr, _g6, swiglu) = match out {
@@ -1063,8 +1059,7 @@ impl GemmCore {
         let (error, _g11) = self.error.device_ptr_mut(stream);
         let timeline = timeline.map_or(0, |t| t.desc(stream, EventKind::Tile));
         let params = GemmParams {
-            w_codes: codes,
-            w_meta: meta,
+            w_blocks: blocks,
             act_sf: pool.act_sf.map_or(0, |sf| sf.ptr()),
             out: out_addr,
             expert_offset: offsets,

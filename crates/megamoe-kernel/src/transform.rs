@@ -1,8 +1,9 @@
 //! Weight transform: canonical MXFP4 expert weights (`w` packed E2M1 `[E, N, K/2]`, element 2i in
 //! the low nibble; `w_sf` UE8M0 `[E, N, K/32]`) into the grouped GEMM's layout
-//! (`cuda/sm90_moe_gemm.cuh` documents it): per (expert, 128-row tile, k128 block) 8 KiB of codes in
-//! the order the consumer threads read their register fragments, and one u32 of scale metadata
-//! per row. For the FP8 route ([`Mma::Fp8`]) the four per-32 scales of a k128 block are folded into offsets from a base;
+//! (`cuda/sm90_moe_gemm.cuh` documents it): per (expert, 128-row tile, k128 block) one weight block
+//! of 8 KiB of codes, in the order the consumer threads read their register fragments, then one u32
+//! of scale metadata per row — one block, so the kernel's producer loads a stage's weights with one
+//! copy. For the FP8 route ([`Mma::Fp8`]) the four per-32 scales of a k128 block are folded into offsets from a base;
 //! a block whose scales span more than 14 binades cannot be folded exactly and is refused. The L1's
 //! weights ([`transform_l1_weights`]) also interleave their gate and up rows ([`RowOrder::GateUp`]),
 //! for the SwiGLU epilogue.
@@ -18,6 +19,10 @@ pub const TILE_ROWS: usize = 128;
 pub const BLOCK_K: usize = 128;
 /// Bytes of FP4 codes per (tile, k128 block) (`kCodeBytes`).
 pub const CODE_BYTES: usize = TILE_ROWS * BLOCK_K / 2;
+/// Bytes of scale metadata per (tile, k128 block): a u32 per row (`kMetaBytes`).
+pub const META_BYTES: usize = 4 * TILE_ROWS;
+/// Bytes of one weight block, the codes then the metadata (`kWeightBlockBytes`).
+pub const WEIGHT_BLOCK_BYTES: usize = CODE_BYTES + META_BYTES;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TransformError {
@@ -117,10 +122,9 @@ pub struct GemmWeights {
     pub fold: Fold,
     /// Which canonical row each weight row holds (the L1's SwiGLU epilogue needs [`RowOrder::GateUp`]).
     pub rows: RowOrder,
-    /// `[E][n/128][k/128]` chunks of [`CODE_BYTES`].
-    pub codes: Vec<u8>,
-    /// `[E][n/128][k/128][128]`.
-    pub meta: Vec<u32>,
+    /// `[E][n/128][k/128]` weight blocks of [`WEIGHT_BLOCK_BYTES`]: [`CODE_BYTES`] of codes, then
+    /// the 128 rows' metadata (u32, little-endian).
+    pub blocks: Vec<u8>,
 }
 
 impl GemmWeights {
@@ -129,6 +133,15 @@ impl GemmWeights {
     }
     pub fn k_blocks(&self) -> usize {
         self.k / BLOCK_K
+    }
+    /// The codes of weight block `block` (`[E][n/128][k/128]` order).
+    pub fn codes(&self, block: usize) -> &[u8] {
+        &self.blocks[block * WEIGHT_BLOCK_BYTES..][..CODE_BYTES]
+    }
+    /// Row `row`'s metadata in weight block `block`.
+    pub fn meta(&self, block: usize, row: usize) -> u32 {
+        let at = block * WEIGHT_BLOCK_BYTES + CODE_BYTES + 4 * row;
+        u32::from_le_bytes(self.blocks[at..at + 4].try_into().unwrap())
     }
 }
 
@@ -207,13 +220,12 @@ fn transform_rows(
         })
         .flatten();
     let chunks = num_experts * tiles * k_blocks;
-    let mut codes = vec![0u8; chunks * CODE_BYTES];
-    let mut meta = vec![0u32; chunks * TILE_ROWS];
-    codes
-        .par_chunks_mut(CODE_BYTES)
-        .zip(meta.par_chunks_mut(TILE_ROWS))
+    let mut blocks = vec![0u8; chunks * WEIGHT_BLOCK_BYTES];
+    blocks
+        .par_chunks_mut(WEIGHT_BLOCK_BYTES)
         .enumerate()
-        .try_for_each(|(chunk, (codes, meta))| {
+        .try_for_each(|(chunk, out)| {
+            let (codes, meta) = out.split_at_mut(CODE_BYTES);
             let (e, rest) = (chunk / (tiles * k_blocks), chunk % (tiles * k_blocks));
             let (tile, kb) = (rest / k_blocks, rest % k_blocks);
             let block = Block {
@@ -236,9 +248,12 @@ fn transform_rows(
     // tables in registers instead of loading them from shared memory.
     let min_nibble = (fold::MIN_NORMAL_OFFSET - fold::MIN_OFFSET) as u32;
     let in_registers = mma == Mma::Fp8
-        && meta
-            .par_iter()
-            .all(|m| (0..4).all(|j| (m >> (4 * j)) & 0xf >= min_nibble));
+        && blocks.par_chunks(WEIGHT_BLOCK_BYTES).all(|block| {
+            block[CODE_BYTES..]
+                .chunks_exact(4)
+                .map(|m| u32::from_le_bytes(m.try_into().unwrap()))
+                .all(|m| (0..4).all(|j| (m >> (4 * j)) & 0xf >= min_nibble))
+        });
     Ok(GemmWeights {
         mma,
         num_experts,
@@ -249,8 +264,7 @@ fn transform_rows(
             in_registers,
         },
         rows,
-        codes,
-        meta,
+        blocks,
     })
 }
 
@@ -310,8 +324,9 @@ impl Block<'_> {
         self.sf[at..at + 4].try_into().unwrap()
     }
 
-    fn write_meta(&self, meta: &mut [u32]) -> Result<(), TransformError> {
-        for (row, m) in meta.iter_mut().enumerate() {
+    /// The rows' metadata words, little-endian (the block's bytes after its codes).
+    fn write_meta(&self, meta: &mut [u8]) -> Result<(), TransformError> {
+        for (row, m) in meta.chunks_exact_mut(4).enumerate() {
             let bytes = self.scales(row);
             let global_row = self.source(row);
             let range = match self.mma {
@@ -333,7 +348,7 @@ impl Block<'_> {
                     mma: self.mma,
                 });
             }
-            *m = match self.mma {
+            let word = match self.mma {
                 Mma::Bf16 => u32::from_le_bytes(bytes),
                 Mma::Fp8 => {
                     let (lo, hi) = (*bytes.iter().min().unwrap(), *bytes.iter().max().unwrap());
@@ -368,6 +383,7 @@ impl Block<'_> {
                     offsets.fold((base as u32) << 16, |acc, o| acc | o)
                 }
             };
+            m.copy_from_slice(&word.to_le_bytes());
         }
         Ok(())
     }
@@ -479,7 +495,7 @@ mod tests {
                     (0..2).map(move |half| {
                         let (wg, warp, g) = (tid / 128, tid % 128 / 32, tid % 32 / 4);
                         let row = wg * 64 + warp * 16 + g + 8 * half;
-                        let at = chunk * CODE_BYTES + (j * 256 + tid) * 8 + 4 * half;
+                        let at = (j * 256 + tid) * 8 + 4 * half;
                         FragmentWord {
                             expert: chunk / (tiles * k_blocks),
                             tile: chunk / k_blocks % tiles,
@@ -487,8 +503,8 @@ mod tests {
                             j,
                             tq: tid % 4,
                             row,
-                            word: u32::from_le_bytes(t.codes[at..at + 4].try_into().unwrap()),
-                            meta: t.meta[chunk * TILE_ROWS + row],
+                            word: u32::from_le_bytes(t.codes(chunk)[at..at + 4].try_into().unwrap()),
+                            meta: t.meta(chunk, row),
                         }
                     })
                 })
@@ -707,8 +723,8 @@ mod tests {
             let plain = transform_weights(mma, &pw, &psf, e, 2 * i, h).unwrap();
             assert_eq!(l1.rows, RowOrder::GateUp);
             assert_eq!(
-                (l1.codes, l1.meta, l1.fold),
-                (plain.codes, plain.meta, plain.fold)
+                (l1.blocks, l1.fold),
+                (plain.blocks, plain.fold)
             );
         }
     }
