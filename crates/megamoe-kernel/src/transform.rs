@@ -503,7 +503,9 @@ mod tests {
                             j,
                             tq: tid % 4,
                             row,
-                            word: u32::from_le_bytes(t.codes(chunk)[at..at + 4].try_into().unwrap()),
+                            word: u32::from_le_bytes(
+                                t.codes(chunk)[at..at + 4].try_into().unwrap(),
+                            ),
                             meta: t.meta(chunk, row),
                         }
                     })
@@ -722,10 +724,7 @@ mod tests {
             let l1 = transform_l1_weights(mma, &w, &sf, e, i, h).unwrap();
             let plain = transform_weights(mma, &pw, &psf, e, 2 * i, h).unwrap();
             assert_eq!(l1.rows, RowOrder::GateUp);
-            assert_eq!(
-                (l1.blocks, l1.fold),
-                (plain.blocks, plain.fold)
-            );
+            assert_eq!((l1.blocks, l1.fold), (plain.blocks, plain.fold));
         }
     }
 }
