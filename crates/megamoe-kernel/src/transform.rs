@@ -140,9 +140,17 @@ impl GemmWeights {
     }
     /// Row `row`'s metadata in weight block `block`.
     pub fn meta(&self, block: usize, row: usize) -> u32 {
-        let at = block * WEIGHT_BLOCK_BYTES + CODE_BYTES + 4 * row;
-        u32::from_le_bytes(self.blocks[at..at + 4].try_into().unwrap())
+        block_metas(&self.blocks[block * WEIGHT_BLOCK_BYTES..][..WEIGHT_BLOCK_BYTES])
+            .nth(row)
+            .unwrap()
     }
+}
+
+/// The 128 rows' metadata words of one weight block (after its codes, little-endian).
+fn block_metas(block: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    block[CODE_BYTES..WEIGHT_BLOCK_BYTES]
+        .chunks_exact(4)
+        .map(|m| u32::from_le_bytes(m.try_into().unwrap()))
 }
 
 /// Scale bytes the BF16 decode handles: its multiplier 2^(s-1) is a BF16 normal (s <= 128: a
@@ -249,10 +257,7 @@ fn transform_rows(
     let min_nibble = (fold::MIN_NORMAL_OFFSET - fold::MIN_OFFSET) as u32;
     let in_registers = mma == Mma::Fp8
         && blocks.par_chunks(WEIGHT_BLOCK_BYTES).all(|block| {
-            block[CODE_BYTES..]
-                .chunks_exact(4)
-                .map(|m| u32::from_le_bytes(m.try_into().unwrap()))
-                .all(|m| (0..4).all(|j| (m >> (4 * j)) & 0xf >= min_nibble))
+            block_metas(block).all(|m| (0..4).all(|j| (m >> (4 * j)) & 0xf >= min_nibble))
         });
     Ok(GemmWeights {
         mma,
