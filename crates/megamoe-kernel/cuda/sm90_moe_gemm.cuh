@@ -990,8 +990,11 @@ struct Producer {
       const int n_tiles = p.n_out / kTileRows;
       const int loaded_tiles = max(0, min(L::kTiles, n_tiles - first_tile));
       const size_t k_blocks = p.k / kBlockK;
-      const size_t tile_blocks = (size_t)(u.expert * n_tiles + first_tile) * k_blocks;
-      // (Not unrolled: the unrolled loop's precomputed addresses spill the producer's registers.)
+      // The stage's sources as pointers that step a k-block a stage: the producer thread's work a
+      // stage is on the critical path (perf.md v92), and the 64-bit index arithmetic was a fifth of
+      // it. (Not unrolled: the unrolled loop's precomputed addresses spill its registers.)
+      const u8* weights = p.w_blocks + ((size_t)(u.expert * n_tiles + first_tile) * k_blocks + u.kb_begin) * kWeightBlockBytes;
+      const u8* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
 #pragma unroll 1
       for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
         u8* dst = smem + stage * L::kStageBytes;
@@ -1004,16 +1007,19 @@ struct Producer {
           tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
           if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
         }
-        if constexpr (kFp8) bulk_load(dst + L::kSfAt, p.act_sf + (size_t)kb * p.sf_stride + row0, BN, &full[stage]);
+        if constexpr (kFp8) {
+          bulk_load(dst + L::kSfAt, scales, BN, &full[stage]);
+          scales += p.sf_stride;
+        }
 #pragma unroll
         for (int tile = 0; tile < L::kTiles; ++tile) {
           if (tile >= loaded_tiles) break;
-          const size_t block = tile_blocks + tile * k_blocks + kb;
-          bulk_load(dst + L::kCodesAt + tile * kWeightBlockBytes, p.w_blocks + block * kWeightBlockBytes,
-                    kWeightBlockBytes, &full[stage]);
+          const u8* block = weights + tile * k_blocks * kWeightBlockBytes;  // a twin's second: the next tile's
+          bulk_load(dst + L::kCodesAt + tile * kWeightBlockBytes, block, kWeightBlockBytes, &full[stage]);
           if (prefetch && kb + L::kWeightPrefetch < u.kb_end)
-            bulk_prefetch_l2(p.w_blocks + (block + L::kWeightPrefetch) * kWeightBlockBytes, kWeightBlockBytes);
+            bulk_prefetch_l2(block + L::kWeightPrefetch * kWeightBlockBytes, kWeightBlockBytes);
         }
+        weights += kWeightBlockBytes;
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }
     }
