@@ -100,6 +100,10 @@ pub const ENTRIES: &[Entry] = &[
     ),
     entry(
         "gemm",
+        "megamoe-kernel.gpu_gemm::short_twin_units_match_the_reference",
+    ),
+    entry(
+        "gemm",
         "megamoe-kernel.lib::gemm::tests::a_lost_split_part_times_out_into_the_error_word",
     ),
     entry(

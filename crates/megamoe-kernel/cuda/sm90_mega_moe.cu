@@ -5,9 +5,8 @@
 // -DMM_SMEM_BYTES (the larger layer's shared memory, the host's plan).
 #include "sm90_mega_moe.cuh"
 
-struct __align__(64) TmaDescriptor {
-  unsigned long long opaque[16];
-};
+using mm::gemm::ActMaps;
+using mm::gemm::TmaDescriptor;
 
 using L1Gemm = mm::gemm::Gemm<MM_L1_BN, MM_L1_FP8 != 0, MM_L1_CTAS, MM_L1_ROW_BASE != 0, MM_L1_FOLD_REGS != 0,
                               MM_L1_CLUSTER, MM_L1_NARROW != 0, MM_L1_SPLIT != 0, MM_L1_PAIRS != 0, true>;
@@ -15,9 +14,9 @@ using L2Gemm = mm::gemm::Gemm<MM_L2_BN, MM_L2_FP8 != 0, MM_L2_CTAS, MM_L2_ROW_BA
                               MM_L2_CLUSTER, MM_L2_NARROW != 0, MM_L2_SPLIT != 0, MM_L2_PAIRS != 0, false>;
 
 extern "C" __global__ void __launch_bounds__(mm::mega::kThreads, MM_L1_CTAS)
-    mm_mega_moe(const __grid_constant__ mm::mega::MegaParams params, const __grid_constant__ TmaDescriptor l1_act_map,
-                const __grid_constant__ TmaDescriptor l2_act_map, const __grid_constant__ TmaDescriptor l2_out_map) {
-  mm::mega::mega_moe<L1Gemm, L2Gemm, MM_G>(params, &l1_act_map, &l2_act_map, &l2_out_map);
+    mm_mega_moe(const __grid_constant__ mm::mega::MegaParams params, const __grid_constant__ ActMaps l1_act_maps,
+                const __grid_constant__ ActMaps l2_act_maps, const __grid_constant__ TmaDescriptor l2_out_map) {
+  mm::mega::mega_moe<L1Gemm, L2Gemm, MM_G>(params, &l1_act_maps.tile, &l2_act_maps.tile, &l2_out_map);
 }
 
 static_assert(mm::swiglu::SwigluOut<MM_G, MM_L2_FP8 != 0>::kPairs == (MM_L1_PAIRS != 0),

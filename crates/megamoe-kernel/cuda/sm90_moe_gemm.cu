@@ -9,9 +9,8 @@
 // -DMM_SMEM_BYTES, the host's shared-memory plan.
 #include "sm90_swiglu.cuh"
 
-struct __align__(64) TmaDescriptor {
-  unsigned long long opaque[16];
-};
+using mm::gemm::ActMaps;
+using mm::gemm::TmaDescriptor;
 
 using Core = mm::gemm::Gemm<MM_BN, MM_FP8 != 0, MM_CTAS, MM_ROW_BASE != 0, MM_FOLD_REGS != 0, MM_CLUSTER,
                             MM_NARROW != 0, MM_SPLIT != 0, MM_PAIRS != 0, MM_SWIGLU_G != 0>;
@@ -21,15 +20,15 @@ using Epilogue = mm::swiglu::SwigluOut<MM_SWIGLU_G, MM_SWIGLU_FP8_POOL != 0>;
 static_assert(Epilogue::kPairs == (MM_PAIRS != 0), "G = 128 groups span a pair of tiles");
 
 extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, MM_CTAS)
-    mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ TmaDescriptor act_map,
+    mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ ActMaps act_maps,
                 const __grid_constant__ TmaDescriptor out_map, const __grid_constant__ mm::swiglu::SwigluParams swiglu) {
-  mm::gemm::moe_gemm<Core>(params, &act_map, &out_map, Epilogue{swiglu});
+  mm::gemm::moe_gemm<Core>(params, &act_maps.tile, &out_map, Epilogue{swiglu});
 }
 #else
 extern "C" __global__ void __launch_bounds__(mm::gemm::kThreads, MM_CTAS)
-    mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ TmaDescriptor act_map,
+    mm_moe_gemm(const __grid_constant__ mm::gemm::GemmParams params, const __grid_constant__ ActMaps act_maps,
                 const __grid_constant__ TmaDescriptor out_map) {
-  mm::gemm::moe_gemm<Core>(params, &act_map, &out_map, mm::gemm::Bf16Out{});
+  mm::gemm::moe_gemm<Core>(params, &act_maps.tile, &out_map, mm::gemm::Bf16Out{});
 }
 #endif
 

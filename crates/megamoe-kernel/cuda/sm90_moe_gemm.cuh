@@ -53,7 +53,7 @@
 //   meta:  [128 rows] u32. FP8: (d_b + 8) in nibble b, base byte in bits 16..23. BF16: UE8M0 byte b = s_b
 //          (b = scale block of the k128 block).
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
-// 128-B swizzle, box {128 B, BN}.
+// 128-B swizzle, box {128 B, BN}; with short twins a second map beside it, of 64-row boxes.
 // BN (tokens per tile) is 16..256: accumulators, FP8 temp sets and fragments must fit the consumers'
 // 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer).
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
@@ -77,6 +77,17 @@ constexpr int kCodeBytes = 8192;    // FP4 codes of one (tile, k128 block)
 constexpr int kMetaBytes = 512;     // one u32 per weight row
 constexpr int kWeightBlockBytes = kCodeBytes + kMetaBytes;  // one (tile, k128 block): codes, then meta
 constexpr int kMaxSplitParts = 4;   // parts of K a split-tail item is drawn in, at most
+
+// A TMA descriptor (CUtensorMap) as a kernel parameter (__grid_constant__), and a layer's
+// activation maps: the tile's, then the short blocks' (TilePlan::tensor_maps), which the producer
+// finds right after the first.
+struct __align__(64) TmaDescriptor {
+  unsigned long long opaque[16];
+};
+constexpr int kTensorMapBytes = sizeof(TmaDescriptor);
+struct ActMaps {
+  TmaDescriptor tile, short_block;
+};
 
 struct GemmParams {
   const u8* w_blocks;        // [E][n_tiles][k_blocks] x kWeightBlockBytes
@@ -186,12 +197,24 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
 // (Consumer's second accumulator set), so every stage's activations and token scales serve twice
 // the tensor work. At these tiles a stage's cost is mostly fixed (waits, scale loads, the
 // promotion's issue) and not the wgmmas' (perf.md v88, v89).
+// kShortTwin (FP8 256-token tiles): a block of at most kShortTwinRows rows (an expert's last, a few
+// rows past a multiple of 256) is a twin unit as well, which the producer chooses unit by unit;
+// whole blocks stay one tile a unit. Such a block costs 0.58 of a whole tile for a quarter of its
+// tokens (perf.md v90): its stage's cost is fixed, as at the small tiles, so two tiles share it.
+// Its stages load the activations' first 64 rows only (a box of its own map, the one after the
+// tile's) and the second tile's codes and meta where the next 128 rows would be, so the stage is
+// no larger (perf.md v91: a stage grown for the second tile takes shared memory past 196 KiB).
 template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
   static constexpr int kBN = BN;
   static constexpr bool kTwin = kFp8 && kCtas == 1 && BN <= 96;
-  static constexpr int kTiles = kTwin ? 2 : 1;  // weight tiles a stage (and a unit) holds
+  static constexpr bool kShortTwin = kFp8 && kCtas == 1 && BN == 256;
+  static constexpr int kShortTwinRows = 64;
+  static constexpr int kTiles = kTwin ? 2 : 1;  // weight tiles a stage holds in their own place
+  // Descriptors a unit hands out at most (one per weight tile); the walker's items are pairs then.
+  static constexpr int kUnitTiles = kTwin || kShortTwin ? 2 : 1;
   static constexpr int kActBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
+  static constexpr int kShortBoxBytes = kShortTwinRows * 128;  // a short twin's activation box
   static constexpr int kSfBytes = kFp8 ? ((BN + 127) / 128) * 128 : 0;
   static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
@@ -200,6 +223,11 @@ struct Layout {
   // (UE8M0 bytes, then the converter's floats).
   static constexpr int kCodesAt = kActBytes;
   static constexpr int kSfAt = kCodesAt + kTiles * kWeightBlockBytes;
+  // A unit's weight tile `tile` (0, or 1 of a twin) in a stage: a short twin's second tile's block
+  // in the activation rows 64 .. 191 that its block of tokens does not have.
+  static constexpr int kSecondBlockAt = kShortTwin ? kShortTwinRows * 128 : kCodesAt + kWeightBlockBytes;
+  static_assert(!kShortTwin || kSecondBlockAt + kWeightBlockBytes <= kActBytes, "a short twin's second tile fits its free rows");
+  __host__ __device__ static constexpr int block_at(int tile) { return tile == 0 ? kCodesAt : kSecondBlockAt; }
   static constexpr int kStageBytes = ((kSfAt + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
@@ -228,8 +256,18 @@ struct Layout {
   // side), a ring one unit longer than the stages: it can run at most kStages stages, so kStages
   // units, ahead of the consumers' last read; with a hand-off two longer, for the epilogue warps
   // read a unit's descriptor while the consumers may be a unit on.
-  static constexpr int kUnitSlots = kTiles * (kStages + (kHandoff ? 2 : 1));
+  static constexpr int kUnitSlots = kUnitTiles * (kStages + (kHandoff ? 2 : 1));
   static constexpr int kUnitBytes = kUnitSlots * 48;
+  // The ring slot after a unit of `tiles` descriptors at `slot` (a short twin's may wrap around).
+  __host__ __device__ static constexpr int slot_after(int slot, int tiles) {
+    return slot + tiles >= kUnitSlots ? slot + tiles - kUnitSlots : slot + tiles;
+  }
+  // The descriptor after `d` in the ring at `smem`: a twin unit's second tile's.
+  template <class Desc>
+  __device__ static const Desc* second_desc(const Desc* d, const u8* smem) {
+    const Desc* first = (const Desc*)(smem + kUnitsAt);
+    return d + 1 == first + kUnitSlots ? first : d + 1;
+  }
   static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
   static constexpr int kSmemBytes =
       1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes + kUnitBytes;
@@ -252,7 +290,6 @@ struct Layout {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * (65536 / (kThreads * kCtas) / 8 * 8),
                 "the warpgroups' registers exceed the CTA's");
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
-  static constexpr u32 kTxBytes = kActBytes + kTiles * kWeightBlockBytes + (kFp8 ? BN : 0);
 };
 
 // How a tile stands to the other tile of its item (kPairs: an item is two neighbouring weight tiles
@@ -279,7 +316,8 @@ struct alignas(16) UnitDesc {
   int pair;       // kAlone, kFirstOfPair or kSecondOfPair
   int expert;     // this rank's expert of the tile
   u32 handed_ns;  // with a timeline: the low 32 bits of %globaltimer when the producer handed it out
-  u32 seq;        // the unit's place among this CTA's units of the launch (the end mark's: their count)
+  u32 seq;        // the tile's place among this CTA's descriptors of the launch (the end mark's: their count)
+  int tiles;      // weight tiles of the unit, its descriptors side by side from its first (1 or 2)
 };
 static_assert(sizeof(UnitDesc) == 48, "Layout's unit slots");
 
@@ -291,9 +329,15 @@ static_assert(sizeof(UnitDesc) == 48, "Layout's unit slots");
 // g128 groups span them). Items go in launch order (CTAs working at once share weight and
 // activation tiles through L2): drawn from `tickets`, or strided over the grid; drawn with a split
 // tail, the last items (one per CTA at most) in parts of K.
-template <int kGroup, int BN, bool kSplitTail, bool kPairs>
+// kShortPairs (one-CTA clusters, Layout::kShortTwin without kPairs): items are single tiles, but an
+// expert's last block of at most kShortRows rows is one item for each pair of neighbouring tiles,
+// the short twin unit; per pair of tiles its items go the even tile's whole blocks, the odd
+// tile's, then the pair's short block (CTAs working at once still share the pair's weights), and
+// the odd tile of an odd tile count is a ghost (past n_out), which the producer skips.
+template <int kGroup, int BN, bool kSplitTail, bool kPairs, bool kShortPairs = false, int kShortRows = 64>
 struct TileWalker {
   static_assert(!kPairs || (kGroup == 1 && !kSplitTail), "a pair is one CTA's, drawn whole");
+  static_assert(!kShortPairs || (kGroup == 1 && !kSplitTail && !kPairs), "short pairs are one CTA's, drawn whole");
   static constexpr int kItemTiles = kPairs ? 2 : kGroup;
   // The kernel's parameters, by reference: reads come from the constant bank, not through a
   // pointer held in the producer's 48 registers.
@@ -301,6 +345,10 @@ struct TileWalker {
   // Every item of the launch (split tail only), in shared memory: the producer has 48 registers.
   const volatile int* launch_items;
   int expert = -1, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
+  int drawn = 0;  // items this CTA has taken (the static schedule's stride count)
+  // kShortPairs: the expert's whole blocks per tile, and whether its last block is short.
+  int expert_whole = 0;
+  bool expert_short = false;
 
   __device__ TileWalker(const GemmParams& params, const int* items) : p(params), launch_items(items) {
     next_expert();
@@ -308,8 +356,15 @@ struct TileWalker {
   __device__ void next_expert() {
     expert_first_item += expert_items;
     ++expert;
-    expert_m_blocks = expert < p.num_experts ? (p.expert_rows[expert] + BN - 1) / BN : 0;
-    expert_items = expert_m_blocks * ((p.n_out / kTileRows + kItemTiles - 1) / kItemTiles);
+    const int rows = expert < p.num_experts ? p.expert_rows[expert] : 0;
+    expert_m_blocks = (rows + BN - 1) / BN;
+    if constexpr (kShortPairs) {
+      expert_short = expert_m_blocks > 0 && rows - (expert_m_blocks - 1) * BN <= kShortRows;
+      expert_whole = expert_m_blocks - (expert_short ? 1 : 0);
+      expert_items = (p.n_out / kTileRows + 1) / 2 * (2 * expert_whole + (expert_short ? 1 : 0));
+    } else {
+      expert_items = expert_m_blocks * ((p.n_out / kTileRows + kItemTiles - 1) / kItemTiles);
+    }
   }
   // Finds item `idx` and the weight tile of cluster rank `rank` in it; walks forward from the last
   // call (a split tail's heads go back once, to the start). Returns false past the last item.
@@ -323,15 +378,23 @@ struct TileWalker {
     if (expert >= p.num_experts) return false;
     const int local = idx - expert_first_item;
     u.expert = expert;
-    u.n_tile = local / expert_m_blocks * kItemTiles + rank;
-    u.m_block = local % expert_m_blocks;
-    u.pair = kPairs ? kFirstOfPair : kAlone;
+    if constexpr (kShortPairs) {
+      const int per_pair = 2 * expert_whole + (expert_short ? 1 : 0), r = local % per_pair;
+      const int first_tile = local / per_pair * 2;
+      u.n_tile = first_tile + (r < 2 * expert_whole ? r / expert_whole : 0);
+      u.m_block = r < 2 * expert_whole ? r % expert_whole : expert_whole;
+      u.pair = r < 2 * expert_whole ? kAlone : kFirstOfPair;
+    } else {
+      u.n_tile = local / expert_m_blocks * kItemTiles + rank;
+      u.m_block = local % expert_m_blocks;
+      u.pair = kPairs ? kFirstOfPair : kAlone;
+    }
     return true;
   }
-  // This CTA's unit n (n = 0, 1, ... in turn, `u` holding unit n - 1); false when there is none.
-  // The schedule is recomputed each time rather than held in registers (the producer has 48).
-  __device__ bool unit(int n, int rank, WorkUnit& u) {
-    if (kPairs && n % 2 == 1) {  // the pair's odd tile, right after the even one
+  // This CTA's next unit (`u` holding its last, kAlone before the first); false when there is
+  // none. The schedule is recomputed each time rather than held in registers (the producer has 48).
+  __device__ bool unit(int rank, WorkUnit& u) {
+    if ((kPairs || kShortPairs) && u.pair == kFirstOfPair) {  // the pair's odd tile, right after the even one
       ++u.n_tile;
       u.pair = kSecondOfPair;
       return true;
@@ -371,7 +434,7 @@ struct TileWalker {
       }
       return false;
     }
-    return seek(blockIdx.x / kGroup + (kPairs ? n / 2 : n) * (gridDim.x / kGroup), rank, u);
+    return seek(blockIdx.x / kGroup + drawn++ * (gridDim.x / kGroup), rank, u);
   }
 };
 
@@ -469,6 +532,7 @@ struct Consumer {
   // for it (perf.md v89: alternating the tiles' groups, one in flight while the other promotes,
   // was 10 % slower).
   static constexpr bool kTwin = L::kTwin;
+  static constexpr bool kShortTwin = L::kShortTwin;
   static constexpr bool kOneParity = kFp8 && kCtas == 1 && (BN > 128 || kTwin);
   // FP8 promotion lag (chunks issued after a chunk before it is promoted) and temp sets (lag + 1):
   // 128-token tiles keep two chunks queued on the tensor core while they promote (+2-3 %, v40);
@@ -517,10 +581,10 @@ struct Consumer {
   __device__ u64 act_desc(int s) const { return act_desc0 + (u64)(s * (L::kStageBytes >> 4)); }
   // Stage s's codes and meta of weight tile `tile` of the unit (0, or 1 in a twin unit).
   __device__ const uint2* stage_codes(int s, int tile = 0) const {
-    return (const uint2*)(smem + s * L::kStageBytes + L::kCodesAt + tile * kWeightBlockBytes);
+    return (const uint2*)(smem + s * L::kStageBytes + L::block_at(tile));
   }
   __device__ const u32* stage_meta(int s, int tile = 0) const {
-    return (const u32*)(smem + s * L::kStageBytes + L::kCodesAt + tile * kWeightBlockBytes + kCodeBytes);
+    return (const u32*)(smem + s * L::kStageBytes + L::block_at(tile) + kCodeBytes);
   }
   __device__ const float* stage_sf(int s) const { return (const float*)(smem + s * L::kStageBytes + L::kSfAt + L::kSfBytes); }
 
@@ -546,7 +610,7 @@ struct Consumer {
   // into base[kBase].
   template <int kSet, int kBase>
   __device__ __forceinline__ void decode_tile(int s) {
-    constexpr int tile = kTwin ? kSet : 0;
+    constexpr int tile = L::kUnitTiles == 2 ? kSet : 0;
     const u32 meta_r = stage_meta(s, tile)[row_r], meta_r8 = stage_meta(s, tile)[row_r + 8];
     const uint2* codes = stage_codes(s, tile) + thread;
     const fp::E4m3Table tr = fold_table_at<kRegs>((meta_r >> (4 * t)) & 0xf, fold_table());
@@ -908,13 +972,73 @@ struct Consumer {
     }
   }
 
-  // Twin: the second tile's sums become acc, for its epilogue.
+  // A twin's second tile's sums become acc, for its epilogue (a short twin's: acc's first 64
+  // tokens).
   __device__ __forceinline__ void take_second_tile() {
     if constexpr (kTwin) {
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[i] = acc2[i];
+    } else if constexpr (kShortTwin) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[i] = acc[32 + i];
     }
   }
+
+  // A short twin unit (Layout::kShortTwin): both tiles of the unit on its block's first 64 tokens,
+  // in the accumulators that a 64-token loop leaves idle — the first tile's sums in acc[0, 32),
+  // the second's in acc[32, 64), its chunk results in acc[64, 96) — with both fragment sets (a[1]
+  // the second tile's). Each stage's wgmmas of both tiles go in one group, as the twins' do, and
+  // each tile's sums are the bits its own 64-token loop gives. acc past 64 is zeroed after the
+  // loop, not held across it.
+  __device__ __forceinline__ void mainloop_short_twin(int k_blocks) {
+    static_assert(kShortTwin && kOneParity && kNsub == 64 && kTempSets == 1, "the 256-token FP8 tile's 64-token loop");
+    float* const sums2 = acc + 32;
+    float* const temp2 = acc + 64;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      acc[i] = 0.0f;
+      fence_operand(acc[i]);
+    }
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      mbar_wait(full(stage), phase);
+      mbar_wait(scales_ready(stage), phase);
+      held[0] = stage;
+      decode_tile<0, 0>(stage);
+      decode_tile<1, 1>(stage);
+      next_stage();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        fence_operand(tmp[0][i]);
+        fence_operand(temp2[i]);
+      }
+      wg_fence();
+      const u64 desc = act_desc(held[0]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_fp8_rs<64>(tmp[0], &a[0][4 * j], desc + 2 * j, j > 0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_fp8_rs<64>(temp2, &a[1][4 * j], desc + 2 * j, j > 0);
+      wg_commit();
+      float2 sc[kScalePairs];
+      if constexpr (kPrefetchScales) chunk_scales<64, 0, 0>(sc);
+      wg_wait<0>();
+      if constexpr (!kPrefetchScales) chunk_scales<64, 0, 0>(sc);
+      promote_into<64, 0>(tmp[0], acc, sc, base[0]);
+      promote_into<64, 0>(temp2, sums2, sc, base[1]);
+      release<0>();
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      if constexpr (kRowBase) {
+        acc[i] *= base[0][(i >> 1) & 1];
+        sums2[i] *= base[1][(i >> 1) & 1];
+      }
+    }
+#pragma unroll
+    for (int i = 64; i < BN / 2; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+  }
+
 };
 
 // ---------------------------------------------------------------- producer role
@@ -959,74 +1083,105 @@ struct Producer {
     }
   }
 
+  // One unit's stages through `map` (kShortBox: a short twin's, the 64-row boxes of the short
+  // blocks' map), each loading up to kMaxTiles weight blocks. The loop's shape is fixed per kind of
+  // unit, so a whole unit's stage costs the producer thread what it costs without short twins: its
+  // work a stage is on the critical path (perf.md v92). `weights` is the first tile's block at
+  // u.kb_begin; the sources are pointers that step a k-block a stage, as 64-bit index arithmetic was a
+  // fifth of that work. (Not unrolled: the unrolled loop's precomputed addresses spill its registers.)
+  template <bool kShortBox, int kMaxTiles>
+  __device__ __forceinline__ static void load_stages(const GemmParams& p, const void* map, u8* smem, u32 rank,
+                                                     const WorkUnit& u, int row0, int loaded_tiles, bool prefetch,
+                                                     const u8* weights, int& stage, u32& phase) {
+    u64* full = (u64*)(smem + L::kFullAt);
+    u64* empty = (u64*)(smem + L::kEmptyAt);
+    const u32 tx_bytes = (kShortBox ? L::kShortBoxBytes : L::kActBytes) + loaded_tiles * kWeightBlockBytes + (kFp8 ? BN : 0);
+    const size_t tile_stride = p.k / kBlockK * kWeightBlockBytes;
+    const u8* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
+#pragma unroll 1
+    for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
+      u8* dst = smem + stage * L::kStageBytes;
+      ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
+      mbar_expect_tx(&full[stage], tx_bytes);
+      if constexpr (kCluster == 2) {
+        // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
+        tma_load_2d_multicast(dst + rank * BN * 128, map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
+      } else {
+        tma_load_2d(dst, map, &full[stage], kb * kBlockK, row0);
+        if constexpr (!kFp8) tma_load_2d(dst + BN * 128, map, &full[stage], kb * kBlockK + 64, row0);
+      }
+      if constexpr (kFp8) {
+        bulk_load(dst + L::kSfAt, scales, BN, &full[stage]);
+        scales += p.sf_stride;
+      }
+#pragma unroll
+      for (int tile = 0; tile < kMaxTiles; ++tile) {
+        if (tile >= loaded_tiles) break;
+        const u8* block = weights + tile * tile_stride;
+        bulk_load(dst + L::block_at(tile), block, kWeightBlockBytes, &full[stage]);
+        if (prefetch && kb + L::kWeightPrefetch < u.kb_end)
+          bulk_prefetch_l2(block + L::kWeightPrefetch * kWeightBlockBytes, kWeightBlockBytes);
+      }
+      weights += kWeightBlockBytes;
+      if (++stage == L::kStages) { stage = 0; phase ^= 1; }
+    }
+  }
+
   // Thread 0 of warpgroup 0; `rank` in the cluster.
+  // act_map: the tile's activation map, the short blocks' (TilePlan::tensor_maps) right after it.
   __device__ __forceinline__ static void run(const GemmParams& p, const void* act_map, u8* smem, u32 rank) {
+    const void* short_act_map = (const u8*)act_map + kTensorMapBytes;
     u64* full = (u64*)(smem + L::kFullAt);
     u64* empty = (u64*)(smem + L::kEmptyAt);
     UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
     prefetch_tensormap(act_map);
-    // A twin unit is a pair of tiles: the walker's items are pairs, their two units one.
-    TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin> walker(p, (const int*)(smem + L::kItemsAt));
+    if constexpr (L::kShortTwin) prefetch_tensormap(short_act_map);
+    // A twin unit is a pair of tiles: the walker's items are pairs, their two units one. Short
+    // twins: with kPairs a pair whose block is short is one unit, the others two; without, the
+    // walker pairs the short blocks' tiles only.
+    TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin, L::kShortTwin && !kPairs, L::kShortTwinRows> walker(
+        p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
-    u32 phase = 0;
-    WorkUnit u;
-    int n = 0;
-    for (; walker.unit(n, rank, u); ++n) {
+    u32 phase = 0, seq = 0;  // seq: descriptors handed out
+    WorkUnit u{};
+    while (walker.unit(rank, u)) {
+      const int n_tiles = p.n_out / kTileRows;
+      const int rows = min(BN, p.expert_rows[u.expert] - u.m_block * BN);
+      const int tiles =
+          L::kTwin || (L::kShortTwin && u.pair == kFirstOfPair && rows <= L::kShortTwinRows) ? 2 : 1;
+      // A pair's ghost tile (past n_out) alone is no work; with twins it rides along unloaded.
+      if (L::kShortTwin && tiles == 1 && u.n_tile >= n_tiles) continue;
       const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
       if (p.row_arrivals) wait_row_arrivals(p, row0);
       const int first_tile = u.n_tile;
-      const int rows = min(BN, p.expert_rows[u.expert] - u.m_block * BN);
       const bool prefetch = L::kWeightPrefetch > 0 && rows <= BN - 64;
       // The unit's descriptors (a twin's two) go out before the arrive that completes its first stage.
       ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
-      for (int tile = 0; tile < L::kTiles; ++tile) {
-        if (tile > 0) walker.unit(++n, rank, u);  // the pair's second tile: always there
+      for (int tile = 0; tile < tiles; ++tile) {
+        if (tile > 0) walker.unit(rank, u);  // the pair's second tile: always there
         units[slot] = UnitDesc{row0, rows, u.n_tile * kTileRows,
                                (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
-                               p.timeline ? (u32)timeline::now() : 0u, (u32)n};
+                               p.timeline ? (u32)timeline::now() : 0u, seq++, tiles};
         if (++slot == L::kUnitSlots) slot = 0;
       }
       // Tiles past n_out (a cluster's ghost, a twin's odd last) have no weights to load.
-      const int n_tiles = p.n_out / kTileRows;
-      const int loaded_tiles = max(0, min(L::kTiles, n_tiles - first_tile));
-      const size_t k_blocks = p.k / kBlockK;
-      // The stage's sources as pointers that step a k-block a stage: the producer thread's work a
-      // stage is on the critical path (perf.md v92), and the 64-bit index arithmetic was a fifth of
-      // it. (Not unrolled: the unrolled loop's precomputed addresses spill its registers.)
-      const u8* weights = p.w_blocks + ((size_t)(u.expert * n_tiles + first_tile) * k_blocks + u.kb_begin) * kWeightBlockBytes;
-      const u8* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
-#pragma unroll 1
-      for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
-        u8* dst = smem + stage * L::kStageBytes;
-        ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
-        mbar_expect_tx(&full[stage], L::kTxBytes - (L::kTiles - loaded_tiles) * kWeightBlockBytes);
-        if constexpr (kCluster == 2) {
-          // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
-          tma_load_2d_multicast(dst + rank * BN * 128, act_map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
-        } else {
-          tma_load_2d(dst, act_map, &full[stage], kb * kBlockK, row0);
-          if constexpr (!kFp8) tma_load_2d(dst + BN * 128, act_map, &full[stage], kb * kBlockK + 64, row0);
+      const int loaded_tiles = max(0, min(tiles, n_tiles - first_tile));
+      const u8* weights =
+          p.w_blocks + ((size_t)(u.expert * n_tiles + first_tile) * (p.k / kBlockK) + u.kb_begin) * kWeightBlockBytes;
+      // A short twin's stages load its rows' box of the short map; the others the tile's.
+      if constexpr (L::kShortTwin) {
+        if (tiles == 2) {
+          load_stages<true, 2>(p, short_act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase);
+          continue;
         }
-        if constexpr (kFp8) {
-          bulk_load(dst + L::kSfAt, scales, BN, &full[stage]);
-          scales += p.sf_stride;
-        }
-#pragma unroll
-        for (int tile = 0; tile < L::kTiles; ++tile) {
-          if (tile >= loaded_tiles) break;
-          const u8* block = weights + tile * k_blocks * kWeightBlockBytes;  // a twin's second: the next tile's
-          bulk_load(dst + L::kCodesAt + tile * kWeightBlockBytes, block, kWeightBlockBytes, &full[stage]);
-          if (prefetch && kb + L::kWeightPrefetch < u.kb_end)
-            bulk_prefetch_l2(block + L::kWeightPrefetch * kWeightBlockBytes, kWeightBlockBytes);
-        }
-        weights += kWeightBlockBytes;
-        if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }
+      load_stages<false, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase);
     }
     // The end of this CTA's work: a stage that completes without data, with an end mark.
     ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
     units[slot].kb_range = 0;
-    units[slot].seq = (u32)n;
+    units[slot].seq = seq;
+    units[slot].tiles = 1;
     mbar_arrive(&full[stage]);
   }
 };
@@ -1045,7 +1200,7 @@ struct ScaleConverter {
     const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
     int stage = 0, slot = 0;
     u32 phase = 0;
-    for (;; slot = slot + L::kTiles == L::kUnitSlots ? 0 : slot + L::kTiles) {
+    for (;; slot = L::slot_after(slot, L::kShortTwin ? units[slot].tiles : L::kUnitTiles)) {
       ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
@@ -1127,7 +1282,9 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
   constexpr int kTail1 = kShortTail ? 64 : BN;
   constexpr int kTail2 = kShortTail && BN == 256 ? 128 : BN;
   constexpr int kTail3 = kShortTail && BN == 256 && kFp8 ? 192 : BN;
-  if (kTail1 < BN && rows <= kTail1) {
+  if (C::kShortTwin && __shfl_sync(0xffffffffu, unit->tiles, 0) == 2) {
+    if constexpr (C::kShortTwin) c.mainloop_short_twin(blocks);
+  } else if (kTail1 < BN && rows <= kTail1) {
     c.template mainloop<kTail1>(blocks);
   } else if (kTail2 < BN && rows <= kTail2) {
     c.template mainloop<kTail2>(blocks);
@@ -1156,11 +1313,16 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
       for (int q = 0; q < parts - 1; ++q) c.add_partial(p.partials, d.slot + q);
     }
   }
-  epi.tile(c, p, out_map, d);
-  if constexpr (C::kTwin) {  // the unit's second tile: its descriptor is the next slot's
-    const UnitDesc d2 = unit[1];
+  // Each tile of the unit (a twin's second: its descriptor is the next slot's) through one call
+  // of the epilogue, whose code is long: inlined once per tile, it made the fused kernel's tiles
+  // slower (perf.md v91). A twin's second tile past n_out (a ghost) stores nothing.
+  const int tiles = C::kTwin ? 2 : C::kShortTwin ? __shfl_sync(0xffffffffu, unit->tiles, 0) : 1;
+#pragma unroll 1
+  for (int tile = 0;; ++tile) {
+    const UnitDesc dt = tile == 0 ? d : *C::L::second_desc(unit, c.smem);
+    if (tile == 0 || Epilogue::kHandoff || dt.n_col < p.n_out) epi.tile(c, p, out_map, dt);
+    if (tile + 1 >= tiles) break;
     c.take_second_tile();
-    if (Epilogue::kHandoff || d2.n_col < p.n_out) epi.tile(c, p, out_map, d2);
   }
 }
 
@@ -1180,7 +1342,7 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
   c.t = c.lane % 4;
   c.row_r = (c.thread / 32) * 16 + c.lane / 4;  // this thread's rows: row_r and row_r + 8
   if constexpr (kCluster == 2) c.peer = rank ^ 1;
-  for (int slot = 0;; slot = slot + L::kTiles == L::kUnitSlots ? 0 : slot + L::kTiles) {
+  for (int slot = 0;; slot = L::slot_after(slot, L::kShortTwin ? units[slot].tiles : L::kUnitTiles)) {
     mbar_wait(c.full(c.stage), c.phase);  // the unit's first stage, or the end mark
     const UnitDesc* unit = units + slot;
     const u32 range = __shfl_sync(0xffffffffu, unit->kb_range, 0);
@@ -1192,7 +1354,9 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
     // Each tile of the unit as one event, from its hand-out to now (nothing held across the main
     // loop for it).
     if (p.timeline && c.thread == 0) {
-      for (int tile = 0; tile < L::kTiles; ++tile) timeline::tile_done(p.timeline, unit[tile], smid());
+      timeline::tile_done(p.timeline, *unit, smid());
+      if (L::kTwin || (L::kShortTwin && unit->tiles == 2))
+        timeline::tile_done(p.timeline, *L::second_desc(unit, smem), smid());
     }
   }
 }

@@ -725,8 +725,8 @@ impl Pipeline {
         // The maps cover every row of the pools; a tile past its expert's rows reads rows whose
         // results are never stored.
         let rows = s.pool_rows;
-        let [l1_act_map, _] = p1.tensor_maps(own.l1_act, rows, s.hidden, 0, 2 * s.intermediate)?;
-        let [l2_act_map, l2_out_map] =
+        let (l1_act_maps, _) = p1.tensor_maps(own.l1_act, rows, s.hidden, 0, 2 * s.intermediate)?;
+        let (l2_act_maps, l2_out_map) =
             p2.tensor_maps(l2_act, rows, s.intermediate, l2_out, s.hidden)?;
         let mut config =
             LaunchConfig::linear(core.grid, THREADS).dynamic_smem(core.smem_bytes as u32);
@@ -735,9 +735,9 @@ impl Pipeline {
         }
         let mut args = LaunchArgs::new();
         let params_arg = args.push(&params);
-        for map in [l1_act_map, l2_act_map, l2_out_map] {
-            args.push_tensor_map(&map);
-        }
+        args.push(&l1_act_maps.to_bytes());
+        args.push(&l2_act_maps.to_bytes());
+        args.push_tensor_map(&l2_out_map);
         Ok(FusedLaunch {
             params,
             args,

@@ -207,6 +207,28 @@ const fn epilogue_bytes(
 }
 /// Bytes of a unit descriptor in the producer's ring (`UnitDesc`).
 const UNIT_DESC_BYTES: usize = 48;
+/// Rows of a short twin unit's block at most (`Layout::kShortTwinRows`), the rows of its
+/// activation box.
+const SHORT_TWIN_ROWS: usize = 64;
+
+/// A layer's activation maps as the kernels take them (`ActMaps` in `cuda/sm90_moe_gemm.cuh`, one
+/// parameter): the tile's, then the short blocks' (a box of [`SHORT_TWIN_ROWS`] rows; plans
+/// without short twins: the tile's again, unread).
+#[derive(Debug, Clone, Copy)]
+pub struct ActMaps {
+    pub tile: TensorMap,
+    pub short_block: TensorMap,
+}
+
+impl ActMaps {
+    /// The parameter's bytes.
+    pub fn to_bytes(&self) -> [u8; 256] {
+        let mut bytes = [0; 256];
+        bytes[..128].copy_from_slice(&self.tile.to_bytes());
+        bytes[128..].copy_from_slice(&self.short_block.to_bytes());
+        bytes
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GemmError {
@@ -354,9 +376,27 @@ impl TilePlan {
         self.mma == Mma::Fp8 && self.ctas_per_sm == 1 && self.tokens_per_tile <= 96
     }
 
-    /// Weight tiles a stage holds (2 with twin tiles).
+    /// Whether an expert's block of at most 64 rows is a twin unit (`Layout::kShortTwin`): FP8
+    /// one-CTA tiles of 256 tokens, whose last blocks a few rows past a multiple of 256 cost 0.58
+    /// of a whole tile each (perf.md v90); whole blocks stay a tile a unit. The second tile's
+    /// weights take the place of activation rows the block does not have, so the stage is no
+    /// larger: its stages load a box of 64 rows (`ActMaps::short_block`).
+    pub fn short_twin_units(&self) -> bool {
+        self.mma == Mma::Fp8 && self.ctas_per_sm == 1 && self.tokens_per_tile == 256
+    }
+
+    /// Weight tiles a stage holds in their own place (2 with twin tiles).
     fn stage_tiles(&self) -> usize {
         if self.twin_tiles() { 2 } else { 1 }
+    }
+
+    /// Unit descriptors a unit hands out at most (`Layout::kUnitTiles`: one per weight tile).
+    fn unit_tiles(&self) -> usize {
+        if self.twin_tiles() || self.short_twin_units() {
+            2
+        } else {
+            1
+        }
     }
 
     /// Bytes of one pipeline stage (`Layout::kStageBytes`): the activation box, each weight tile's
@@ -503,7 +543,7 @@ impl TilePlan {
             )
             + (24 * self.stages).next_multiple_of(16)
             + 144
-            + UNIT_DESC_BYTES * self.stage_tiles() * (self.stages + self.unit_slots_beyond_stages())
+            + UNIT_DESC_BYTES * self.unit_tiles() * (self.stages + self.unit_slots_beyond_stages())
     }
 
     /// The producer's units beyond one per stage (`kUnitSlots`, a descriptor per weight tile of
@@ -600,11 +640,12 @@ impl TilePlan {
         })
     }
 
-    /// The launch's two tensor maps over a pool of `rows` rows of K at `act` and its output of
-    /// `rows` rows of `n` at `out`: the activations (one box = 128 bytes of K by BN rows, 128-byte
-    /// swizzled: the WGMMA B-operand tile), and the epilogue's box (BF16 out of FP8 one-CTA tiles: a
-    /// consumer warpgroup's 64 outputs of BN tokens, in the layout its shared buffer holds them;
-    /// other plans get the activations' map again, unread).
+    /// The launch's tensor maps over a pool of `rows` rows of K at `act` and its output of `rows`
+    /// rows of `n` at `out`: the activations ([`ActMaps`]: one box = 128 bytes of K by BN rows,
+    /// 128-byte swizzled: the WGMMA B-operand tile; with short twin units a second map of 64-row
+    /// boxes), and the epilogue's box (BF16 out of FP8 one-CTA tiles: a consumer warpgroup's 64
+    /// outputs of BN tokens, in the layout its shared buffer holds them; other plans get the
+    /// activations' map again, unread).
     pub fn tensor_maps(
         &self,
         act: u64,
@@ -612,22 +653,33 @@ impl TilePlan {
         k: usize,
         out: u64,
         n: usize,
-    ) -> Result<[TensorMap; 2], GemmError> {
+    ) -> Result<(ActMaps, TensorMap), GemmError> {
         let bn = self.tokens_per_tile as u32;
         let (data_type, elem) = match self.mma {
             Mma::Fp8 => (TmaDataType::U8, 1u64),
             Mma::Bf16 => (TmaDataType::BF16, 2u64),
         };
         let k = k as u64;
-        let map = TensorMapDesc::matrix(
-            data_type,
-            act,
-            [rows as u64, k],
-            k * elem,
-            [bn, (128 / elem) as u32],
-        )
-        .swizzle(Swizzle::B128)
-        .encode()?;
+        let act_map = |box_rows: usize| {
+            TensorMapDesc::matrix(
+                data_type,
+                act,
+                [rows as u64, k],
+                k * elem,
+                [box_rows as u32, (128 / elem) as u32],
+            )
+            .swizzle(Swizzle::B128)
+            .encode()
+        };
+        let map = act_map(self.tokens_per_tile)?;
+        let maps = ActMaps {
+            tile: map,
+            short_block: if self.short_twin_units() {
+                act_map(SHORT_TWIN_ROWS)?
+            } else {
+                map
+            },
+        };
         let out_map =
             if box_epilogue(self.mma, self.ctas_per_sm) && self.epilogue == Epilogue::Bf16Out {
                 TensorMapDesc::matrix(
@@ -642,7 +694,7 @@ impl TilePlan {
             } else {
                 map
             };
-        Ok([map, out_map])
+        Ok((maps, out_map))
     }
 
     /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
@@ -1045,7 +1097,7 @@ impl GemmCore {
                 Some(out.params(self.spill.device_ptr_mut(stream).0, 0)),
             ),
         };
-        let [map, out_map] =
+        let (act_maps, out_map) =
             self.plan
                 .tensor_maps(pool.act.ptr(), pool.rows, weights.k, out_addr, weights.n)?;
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
@@ -1091,7 +1143,7 @@ impl GemmCore {
             .kernel
             .launch(stream, config)
             .scalar(params)
-            .tensor_map(&map)
+            .scalar(act_maps.to_bytes())
             .tensor_map(&out_map);
         if let Some(swiglu) = swiglu {
             launch = launch.scalar(swiglu);
@@ -1399,6 +1451,27 @@ mod tests {
         let two_ctas = plan(Mma::Fp8, 96).with_ctas_per_sm(2);
         assert!(!two_ctas.twin_tiles());
         assert_eq!(two_ctas.stage_bytes, 21 * 1024);
+    }
+
+    #[test]
+    fn short_twins_keep_the_256_token_stage() {
+        let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
+        let wide = plan(Mma::Fp8, 256);
+        assert!(wide.short_twin_units() && !wide.twin_tiles());
+        // 32 KiB of activations, one tile's codes and meta, 256 B of scales and 1 KiB of floats:
+        // the second tile of a short twin lives in activation rows the block does not have.
+        assert_eq!(wide.stage_bytes, 42 * 1024);
+        assert_eq!(wide.stages, 3);
+        // Two descriptors a unit: the L2's whole launch still below 196 KiB of shared memory.
+        assert!(
+            wide.smem_bytes() + 1024 <= 196 * 1024,
+            "{}",
+            wide.smem_bytes()
+        );
+        for (mma, bn) in [(Mma::Fp8, 128), (Mma::Fp8, 96), (Mma::Bf16, 256)] {
+            let other = plan(mma, bn);
+            assert!(!other.short_twin_units(), "{mma} {bn}");
+        }
     }
 
     #[test]

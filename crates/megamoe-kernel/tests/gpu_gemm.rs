@@ -340,7 +340,8 @@ fn preset_shapes_match_the_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
     let (gpu, jit) = setup();
-    for bn in [16, 128] {
+    // (256: two short twin units, 5 and 33 rows.)
+    for bn in [16, 128, 256] {
         for (wide_rows, deep_block) in [(true, false), (false, true)] {
             let (diff, _) = run(
                 &gpu,
@@ -436,6 +437,32 @@ fn dynamic_schedule_matches_the_reference() {
                     &format!("{n}x{k}, drawn"),
                 );
             }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn short_twin_units_match_the_reference() {
+    // FP8 256-token tiles: an expert's last block of at most 64 rows is one unit of two tiles.
+    // Blocks of 1, 44, 64 and 65 rows after whole ones and alone, odd tile counts (the last
+    // pair's odd tile a ghost), drawn and strided, three launches. (The per-block fold's short
+    // twins: rows_too_wide_for_one_base_take_the_per_block_kernel.)
+    let (gpu, jit) = setup();
+    let rows: Vec<usize> = vec![300, 64, 65, 0, 577, 1, 256, 44];
+    for (n, k) in [(640, 384), (128, 256), (1024, 128)] {
+        for dynamic in [true, false] {
+            assert_matches(
+                &gpu,
+                &jit,
+                Case {
+                    tokens_per_tile: Some(256),
+                    dynamic: Some(dynamic),
+                    launches: 3,
+                    ..Case::new(Recipe::G128, Mma::Fp8, &rows, n, k, 31 + n as u64)
+                },
+                &format!("{n}x{k}, drawn {dynamic}"),
+            );
         }
     }
 }
