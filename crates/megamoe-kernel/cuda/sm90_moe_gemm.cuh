@@ -1038,7 +1038,6 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
   }
-
 };
 
 // ---------------------------------------------------------------- producer role

@@ -140,9 +140,8 @@ impl GemmWeights {
     }
     /// Row `row`'s metadata in weight block `block`.
     pub fn meta(&self, block: usize, row: usize) -> u32 {
-        block_metas(&self.blocks[block * WEIGHT_BLOCK_BYTES..][..WEIGHT_BLOCK_BYTES])
-            .nth(row)
-            .unwrap()
+        let at = block * WEIGHT_BLOCK_BYTES + CODE_BYTES + 4 * row;
+        u32::from_le_bytes(self.blocks[at..at + 4].try_into().unwrap())
     }
 }
 
