@@ -134,19 +134,15 @@ impl GemmWeights {
     pub fn k_blocks(&self) -> usize {
         self.k / BLOCK_K
     }
-    /// The codes of weight block `block` (`[E][n/128][k/128]` order).
-    pub fn codes(&self, block: usize) -> &[u8] {
-        &self.blocks[block * WEIGHT_BLOCK_BYTES..][..CODE_BYTES]
-    }
-    /// Row `row`'s metadata in weight block `block`.
-    pub fn meta(&self, block: usize, row: usize) -> u32 {
-        let at = block * WEIGHT_BLOCK_BYTES + CODE_BYTES + 4 * row;
-        u32::from_le_bytes(self.blocks[at..at + 4].try_into().unwrap())
+    /// Weight block `block` (`[E][n/128][k/128]` order): its codes, then its rows' metadata
+    /// ([`block_metas`]).
+    pub fn block(&self, block: usize) -> &[u8] {
+        &self.blocks[block * WEIGHT_BLOCK_BYTES..][..WEIGHT_BLOCK_BYTES]
     }
 }
 
 /// The 128 rows' metadata words of one weight block (after its codes, little-endian).
-fn block_metas(block: &[u8]) -> impl Iterator<Item = u32> + '_ {
+pub fn block_metas(block: &[u8]) -> impl Iterator<Item = u32> + '_ {
     block[CODE_BYTES..WEIGHT_BLOCK_BYTES]
         .chunks_exact(4)
         .map(|m| u32::from_le_bytes(m.try_into().unwrap()))
@@ -508,9 +504,9 @@ mod tests {
                             tq: tid % 4,
                             row,
                             word: u32::from_le_bytes(
-                                t.codes(chunk)[at..at + 4].try_into().unwrap(),
+                                t.block(chunk)[at..at + 4].try_into().unwrap(),
                             ),
-                            meta: t.meta(chunk, row),
+                            meta: block_metas(t.block(chunk)).nth(row).unwrap(),
                         }
                     })
                 })
