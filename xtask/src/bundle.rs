@@ -243,6 +243,8 @@ filter="${1:-}"
 export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
 export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+# Worlds of ranks that share the GPU need a hardware work queue per stream (cuda_rt::green).
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 timeout_s="${TEST_TIMEOUT:-600}"
 
 echo "bundle $(cat "$here/VERSION" 2>/dev/null)"

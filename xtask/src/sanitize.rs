@@ -253,6 +253,8 @@ name_filter="${2:-}"
 export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
 export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+# Worlds of ranks that share the GPU need a hardware work queue per stream (cuda_rt::green).
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
 sanitizer="$(command -v compute-sanitizer || echo "$CUDA_PATH/bin/compute-sanitizer")"
 [[ -x "$sanitizer" ]] || { echo "compute-sanitizer not found (PATH, \$CUDA_PATH/bin)"; exit 2; }
 export sanitizer here

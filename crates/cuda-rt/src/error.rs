@@ -57,6 +57,18 @@ pub enum Error {
     InvalidLaunch { kernel: String, reason: String },
     #[error("cannot copy {len} elements into a device buffer of {capacity}")]
     CopyTooLong { len: usize, capacity: usize },
+    #[error(
+        "GPU {ordinal} split into {parts} shares would have {needed} streams of shares, but \
+         CUDA_DEVICE_MAX_CONNECTIONS gives the process {connections} hardware queues; streams that \
+         share a queue start in order, so one rank's grid could wait behind a peer's that waits \
+         for it: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or split into fewer shares"
+    )]
+    TooFewConnections {
+        ordinal: usize,
+        parts: usize,
+        needed: usize,
+        connections: usize,
+    },
     #[error("device {from} cannot access device {to}'s memory (cuDeviceCanAccessPeer says no)")]
     PeerAccess { from: usize, to: usize },
     #[error(transparent)]

@@ -3,6 +3,13 @@
 //! is resident at once with the others' — a grid that waits for a peer's progress cannot take the
 //! SMs that peer needs. Memory and modules stay the primary context's: a kernel loaded once runs on
 //! every share's stream (seen on H200, driver 580: CTAs stay on the share's SMs).
+//!
+//! Disjoint SMs alone do not let the shares' grids run side by side: the driver feeds every stream
+//! of the process through `CUDA_DEVICE_MAX_CONNECTIONS` hardware work queues (8 unless set before
+//! CUDA starts, 32 at most), and streams that share a queue start their work in order — `cuda.h`
+//! warns that green contexts get no forward-progress guarantee from their SMs for this reason. A
+//! rank whose grid waits for a peer's, queued behind it, would wait out its timeout. So a split
+//! is refused when the shares' streams could not each have a queue of their own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,6 +34,55 @@ unsafe impl Sync for Share {}
 /// Every set of shares made so far, by (device, parts).
 type Made = HashMap<(usize, usize), Arc<Vec<Share>>>;
 
+/// Streams a share makes: its green context's default stream (which `cuGreenCtxCreate` requires)
+/// and the one its handle runs on.
+const STREAMS_PER_SHARE: usize = 2;
+
+/// The hardware work queues the driver gives a process's streams: `CUDA_DEVICE_MAX_CONNECTIONS`
+/// as the driver reads it when CUDA starts (8 when unset, 1 to 32).
+pub fn device_connections() -> usize {
+    static CONNECTIONS: OnceLock<usize> = OnceLock::new();
+    *CONNECTIONS.get_or_init(|| {
+        connections_from(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().as_deref())
+    })
+}
+
+/// Asks the driver for the most hardware work queues it gives (`CUDA_DEVICE_MAX_CONNECTIONS=32`)
+/// unless the variable is set already: for programs that split a GPU between ranks
+/// ([`Gpu::split`]). The driver reads it when CUDA starts, so this comes first.
+///
+/// # Safety
+///
+/// It changes the process's environment, so, as for [`std::env::set_var`], no other thread may
+/// run at the time: call it at the start of `main`.
+pub unsafe fn ask_for_every_connection() {
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // SAFETY: the caller runs no other thread (this function's contract).
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
+    }
+}
+
+fn connections_from(value: Option<&str>) -> usize {
+    value
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(8, |n| n.clamp(1, 32))
+}
+
+/// Refuses `parts` more shares of device `ordinal` when, with the `made` streams of its earlier
+/// splits, their streams outnumber the `connections`.
+fn check_connections(ordinal: usize, parts: usize, made: usize, connections: usize) -> Result<()> {
+    let needed = made + STREAMS_PER_SHARE * parts;
+    if needed > connections {
+        return Err(Error::TooFewConnections {
+            ordinal,
+            parts,
+            needed,
+            connections,
+        });
+    }
+    Ok(())
+}
+
 fn shares(ordinal: usize, parts: usize) -> Result<Arc<Vec<Share>>> {
     static MADE: OnceLock<Mutex<Made>> = OnceLock::new();
     let mut made = MADE
@@ -36,6 +92,12 @@ fn shares(ordinal: usize, parts: usize) -> Result<Arc<Vec<Share>>> {
     if let Some(s) = made.get(&(ordinal, parts)) {
         return Ok(s.clone());
     }
+    let made_streams = made
+        .iter()
+        .filter(|((o, _), _)| *o == ordinal)
+        .map(|(_, s)| STREAMS_PER_SHARE * s.len())
+        .sum();
+    check_connections(ordinal, parts, made_streams, device_connections())?;
     let s = Arc::new(make_shares(ordinal, parts)?);
     made.insert((ordinal, parts), s.clone());
     Ok(s)
@@ -138,7 +200,8 @@ impl Gpu {
     /// equal share, a multiple of the device's co-scheduling alignment, the remainder unused) and [`DeviceInfo::sm_count`] saying how
     /// many, so a persistent grid sized from it fits its share. Memory, modules and peer access are
     /// the device's primary context's, as for [`Gpu::open`]. Splitting a device again into as
-    /// many parts returns the same shares.
+    /// many parts returns the same shares. Refused ([`Error::TooFewConnections`]) when the shares'
+    /// streams, with those of the device's earlier splits, outnumber [`device_connections`].
     pub fn split(ordinal: usize, parts: usize) -> Result<Vec<Gpu>> {
         let (info, ctx) = Gpu::primary_context(ordinal)?;
         let shares = shares(ordinal, parts)?;
@@ -158,5 +221,47 @@ impl Gpu {
                 )
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_the_drivers_reading_of_the_variable() {
+        assert_eq!(connections_from(None), 8);
+        assert_eq!(connections_from(Some("32")), 32);
+        assert_eq!(connections_from(Some(" 16 ")), 16);
+        assert_eq!(connections_from(Some("64")), 32);
+        assert_eq!(connections_from(Some("0")), 1);
+        assert_eq!(connections_from(Some("many")), 8);
+    }
+
+    #[test]
+    fn a_split_needs_a_queue_for_every_stream_of_the_device() {
+        // The default 8 queues: two ranks, or four alone; not four after two.
+        assert!(check_connections(0, 2, 0, 8).is_ok());
+        assert!(check_connections(0, 4, 0, 8).is_ok());
+        let err = check_connections(0, 4, 4, 8).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::TooFewConnections {
+                    ordinal: 0,
+                    parts: 4,
+                    needed: 12,
+                    connections: 8
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "{err}"
+        );
+        // 32 queues: the worlds of 2, 4 and 8 ranks of one process.
+        assert!(check_connections(0, 8, 12, 32).is_ok());
+        assert!(check_connections(0, 16, 12, 32).is_err());
     }
 }

@@ -212,6 +212,9 @@ fn parse_clamp(s: &str) -> Result<Clamp, String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Ranks that share a GPU (`--ranks-per-gpu`) each need a hardware queue of their own.
+    // SAFETY: the first statement of main: no other thread runs yet.
+    unsafe { megamoe::cuda::ask_for_every_connection() };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

@@ -19,6 +19,9 @@ use megamoe_problems::reference;
 const MAX_TOKENS: usize = 256;
 
 fn main() -> Result<(), Box<dyn Error>> {
+    // `--one-gpu` ranks each need a hardware queue of their own.
+    // SAFETY: the first statement of main: no other thread runs yet.
+    unsafe { megamoe::cuda::ask_for_every_connection() };
     let args: Vec<String> = std::env::args().collect();
     let ranks = args
         .iter()

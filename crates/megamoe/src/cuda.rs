@@ -41,6 +41,9 @@ mod batch;
 mod views;
 
 pub use batch::{DeviceBatch, driver};
+/// For programs whose [`Placement`] puts ranks on one GPU: each rank's stream needs a hardware work
+/// queue of its own, which the start of `main` asks for.
+pub use cuda_rt::green::ask_for_every_connection;
 pub use megamoe_kernel::fused::{ActivationFormat, DeviceIo, IndexWidth};
 use megamoe_kernel::protocol::PipelineShape;
 use megamoe_kernel::unfused::{Pipeline, UnfusedError};
