@@ -74,7 +74,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     }
     sanitize::check_entries(&gpu_tests)?;
     for (name, text) in [
-        ("run.sh", RUN_SH.to_owned()),
+        ("run.sh", RUN_SH.replace("@GPU_ENV@\n", GPU_ENV)),
         ("sanitize.sh", sanitize::script()),
     ] {
         let path = dir.join(name);
@@ -227,6 +227,14 @@ fn dir_size(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
+/// The environment both of the bundle's scripts (`run.sh`, `sanitize.sh`) set up for its programs.
+pub(crate) const GPU_ENV: &str = r#"export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
+export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+# Worlds of ranks that share the GPU need a hardware work queue per stream (cuda_rt::green).
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
+"#;
+
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs the GPU tests of this bundle (made by `cargo xtask gpu-bundle`) on a machine with a GPU and the
 # CUDA toolkit, without Rust. Each test runs in its own process, so a crashed or poisoned CUDA context
@@ -240,11 +248,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 filter="${1:-}"
-export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
-export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
-# Worlds of ranks that share the GPU need a hardware work queue per stream (cuda_rt::green).
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
+@GPU_ENV@
 timeout_s="${TEST_TIMEOUT:-600}"
 
 echo "bundle $(cat "$here/VERSION" 2>/dev/null)"

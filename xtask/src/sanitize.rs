@@ -227,6 +227,7 @@ pub fn script() -> String {
         .map(|k| format!("#   {} vs {}: {}\n", k.write, k.read, k.why))
         .collect();
     SANITIZE_SH
+        .replace("@GPU_ENV@\n", crate::bundle::GPU_ENV)
         .replace("@TOOLS@", &TOOLS.join(" "))
         .replace("@ENTRIES@", &entries)
         .replace("@NOT_UNDER@", &not_under)
@@ -250,11 +251,7 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tool_filter="${1:-}"
 name_filter="${2:-}"
-export CUDA_PATH="${CUDA_PATH:-/usr/local/cuda}"
-export LD_LIBRARY_PATH="$CUDA_PATH/lib64:$CUDA_PATH/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
-# Worlds of ranks that share the GPU need a hardware work queue per stream (cuda_rt::green).
-export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-32}"
+@GPU_ENV@
 sanitizer="$(command -v compute-sanitizer || echo "$CUDA_PATH/bin/compute-sanitizer")"
 [[ -x "$sanitizer" ]] || { echo "compute-sanitizer not found (PATH, \$CUDA_PATH/bin)"; exit 2; }
 export sanitizer here
