@@ -27,7 +27,7 @@ use megamoe_problems::reference;
 use symm_mem::World;
 
 mod common;
-use common::{ROUTES, TOL, tol};
+use common::{ROUTES, TOL, rank_for, tol};
 use megamoe_problems::testing::{generated_problem, skew};
 use symm_mem::world::{is_test_rank, spawn_test_ranks};
 
@@ -162,14 +162,7 @@ fn sweep_rank(
     cases: &[Vec<RankInputs>],
 ) -> Result<(Vec<Vec<bf16>>, bool), CudaError> {
     let r = world.rank();
-    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
-    let mut rank = CudaRank::new(
-        world.clone(),
-        &problem.config,
-        max_tokens,
-        routes,
-        &problem.weights[r],
-    )?;
+    let mut rank = rank_for(world, problem, routes)?;
     let mut ys = Vec::new();
     for inputs in cases {
         rank.poison()?;

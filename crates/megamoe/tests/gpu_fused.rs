@@ -16,7 +16,7 @@ use std::sync::Arc;
 use symm_mem::World;
 
 mod common;
-use common::{ROUTES, tol};
+use common::{ROUTES, rank_for, tol};
 use megamoe_problems::testing::{generated_problem, skew};
 
 fn differing(a: &[bf16], b: &[bf16]) -> usize {
@@ -38,14 +38,7 @@ fn fused_rank(
     cases: &[Vec<RankInputs>],
 ) -> Result<Vec<Vec<bf16>>, CudaError> {
     let r = world.rank();
-    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
-    let mut rank = CudaRank::new(
-        world.clone(),
-        &problem.config,
-        max_tokens,
-        routes,
-        &problem.weights[r],
-    )?;
+    let mut rank = rank_for(world, problem, routes)?;
     // Every kernel compiled before the first collective launch: a rank compiling a tile its
     // peers do not need would keep them waiting at the device meeting past its timeout.
     rank.warm_up()?;

@@ -2,8 +2,12 @@
 //! the reference (their problems come from `megamoe_problems::testing`).
 #![allow(dead_code)] // each test binary uses its own part
 
-use megamoe::Recipe;
+use std::sync::Arc;
+
+use megamoe::cuda::{CudaError, CudaRank};
+use megamoe::{Problem, Recipe};
 use megamoe_kernel::{Mma, Routes};
+use symm_mem::World;
 
 pub const TOL: f64 = 1e-5;
 /// The FP8 route's bound: Hopper's FP8 tensor core accumulates with ~14 bits inside each wgmma, and
@@ -28,4 +32,20 @@ pub fn tol(routes: Routes) -> f64 {
         Mma::Bf16 => TOL,
         Mma::Fp8 => FP8_TOL,
     }
+}
+
+/// This rank's handle for `problem`, its pipeline sized for the problem's largest T.
+pub fn rank_for(
+    world: &Arc<World>,
+    problem: &Problem,
+    routes: Routes,
+) -> Result<CudaRank, CudaError> {
+    let max_tokens = problem.inputs.iter().map(|x| x.tokens).max().unwrap_or(0);
+    CudaRank::new(
+        world.clone(),
+        &problem.config,
+        max_tokens,
+        routes,
+        &problem.weights[world.rank()],
+    )
 }
