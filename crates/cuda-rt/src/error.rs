@@ -61,7 +61,8 @@ pub enum Error {
         "GPU {ordinal} split into {parts} shares would have {needed} streams of shares, but \
          CUDA_DEVICE_MAX_CONNECTIONS gives the process {connections} hardware queues; streams that \
          share a queue start in order, so one rank's grid could wait behind a peer's that waits \
-         for it: set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or split into fewer shares"
+         for it: set CUDA_DEVICE_MAX_CONNECTIONS={max} before CUDA starts, or split into fewer shares",
+        max = crate::green::MAX_CONNECTIONS
     )]
     TooFewConnections {
         ordinal: usize,

@@ -34,12 +34,17 @@ unsafe impl Sync for Share {}
 /// Every set of shares made so far, by (device, parts).
 type Made = HashMap<(usize, usize), Arc<Vec<Share>>>;
 
+/// The most hardware work queues the driver gives a process, and what it gives unless asked.
+pub const MAX_CONNECTIONS: usize = 32;
+const DEFAULT_CONNECTIONS: usize = 8;
+
 /// Streams a share makes: its green context's default stream (which `cuGreenCtxCreate` requires)
 /// and the one its handle runs on.
 const STREAMS_PER_SHARE: usize = 2;
 
 /// The hardware work queues the driver gives a process's streams: `CUDA_DEVICE_MAX_CONNECTIONS`
-/// as the driver reads it when CUDA starts (8 when unset, 1 to 32).
+/// as the driver reads it when CUDA starts (`DEFAULT_CONNECTIONS`, 8, when unset; 1 to
+/// [`MAX_CONNECTIONS`]).
 pub fn device_connections() -> usize {
     static CONNECTIONS: OnceLock<usize> = OnceLock::new();
     *CONNECTIONS.get_or_init(|| {
@@ -47,7 +52,7 @@ pub fn device_connections() -> usize {
     })
 }
 
-/// Asks the driver for the most hardware work queues it gives (`CUDA_DEVICE_MAX_CONNECTIONS=32`)
+/// Asks the driver for the most hardware work queues it gives ([`MAX_CONNECTIONS`])
 /// unless the variable is set already: for programs that split a GPU between ranks
 /// ([`Gpu::split`]). The driver reads it when CUDA starts, so this comes first.
 ///
@@ -58,14 +63,14 @@ pub fn device_connections() -> usize {
 pub unsafe fn ask_for_every_connection() {
     if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         // SAFETY: the caller runs no other thread (this function's contract).
-        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS.to_string()) };
     }
 }
 
 fn connections_from(value: Option<&str>) -> usize {
     value
         .and_then(|v| v.trim().parse::<usize>().ok())
-        .map_or(8, |n| n.clamp(1, 32))
+        .map_or(DEFAULT_CONNECTIONS, |n| n.clamp(1, MAX_CONNECTIONS))
 }
 
 /// Refuses `parts` more shares of device `ordinal` when, with the `made` streams of its earlier
