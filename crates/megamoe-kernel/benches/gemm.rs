@@ -29,7 +29,7 @@ use megamoe_kernel::gemm::{TOKEN_TILES, parse_route};
 use megamoe_kernel::problem::{ActPool, ExpertWeights};
 use megamoe_kernel::timeline::{Timeline, TimelineBuffers};
 use megamoe_kernel::{
-    DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
+    DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, Routes, TilePlan, transform_weights,
 };
 use rand::{Rng, SeedableRng};
 
@@ -379,7 +379,10 @@ fn main() {
             let hit = rows.iter().filter(|&&r| r > 0).count();
             let pairs: usize = rows.iter().sum();
             let bns: Vec<usize> = if tiles == "auto" {
-                vec![TilePlan::tokens_per_tile_for(pairs as f64 / hit as f64)]
+                vec![TilePlan::tokens_per_tile_for(
+                    pairs as f64 / hit as f64,
+                    Routes::both(mma),
+                )]
             } else {
                 tiles.split(',').map(|s| s.parse().unwrap()).collect()
             };

@@ -385,7 +385,7 @@ impl Pipeline {
             }
             None => ((s.num_ranks * tokens * s.top_k) as f64 / s.num_experts as f64).max(1.0),
         };
-        TilePlan::tokens_per_tile_for(per_expert)
+        TilePlan::tokens_per_tile_for(per_expert, s.routes)
     }
 
     /// Compiles, once, the fused kernel for `tokens_per_tile`, and builds, once, what its launches
@@ -480,7 +480,7 @@ impl Pipeline {
     /// Compiles the fused kernel of every token tile, so that no fused forward compiles. Returns
     /// how many the pipeline holds.
     pub fn warm_up_fused(&mut self, gpu: &Gpu, jit: &Jit) -> Result<usize, UnfusedError> {
-        let largest = TilePlan::tokens_per_tile_for(self.shape.pool_rows as f64);
+        let largest = TilePlan::covering_tile(self.shape.pool_rows as f64);
         for bn in TOKEN_TILES.into_iter().filter(|&bn| bn <= largest) {
             self.prepare_fused(gpu, jit, bn)?;
         }

@@ -697,18 +697,37 @@ impl TilePlan {
         Ok((maps, out_map))
     }
 
-    /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average: the smallest tile
-    /// that covers most experts in one block (moe-sched's covering rule), so few-token experts don't
-    /// pay for idle tensor-core columns. Measured on H200: 16 at T = 8, 32 at T = 128, 96 at T = 512
-    /// (GEMMs −3.5 % FP8, −11 % BF16 against 128, perf.md v88), 256 from T = 2048 (FP8: 128 and 256
-    /// within 1 % at T = 2048, 256 +6 % at 4096 and +13 % at 8192, perf.md v41), for V4-Pro's 48
-    /// experts.
-    pub fn tokens_per_tile_for(avg_rows: f64) -> usize {
+    /// The smallest tile that covers most experts of `avg_rows` rows on average in one block
+    /// (moe-sched's covering rule), so few-token experts don't pay for idle tensor-core columns;
+    /// it grows with `avg_rows`, so a pool of `n` rows picks no tile above `covering_tile(n)`.
+    /// Measured on H200: 16 at T = 8, 32 at T = 128, 96 at T = 512 (GEMMs −3.5 % FP8, −11 % BF16
+    /// against 128, perf.md v88), 256 from T = 2048 (FP8: 128 and 256 within 1 % at T = 2048, 256
+    /// +6 % at 4096 and +13 % at 8192, perf.md v41), for V4-Pro's 48 experts.
+    pub fn covering_tile(avg_rows: f64) -> usize {
         let target = moe_sched::heuristics::covering_rows(avg_rows);
         TOKEN_TILES
             .into_iter()
             .find(|&bn| bn as f64 >= target)
             .unwrap_or(TOKEN_TILES[TOKEN_TILES.len() - 1])
+    }
+
+    /// Tokens per tile for a pool whose experts hold `avg_rows` rows on average on `routes`: the
+    /// covering tile, except that both GEMMs on the BF16 route take 128-token tiles where their
+    /// experts hold 224 to 448 rows. There an expert's rows lie just above one or two multiples of
+    /// 256, so half the experts take a second, nearly empty 256-token block, which costs more than
+    /// 128-token tiles' ≈ 10 % dearer tokens: the BF16 GEMMs 7 % faster on 128 at T = 2048 and 2 %
+    /// at 3072, slower at 1536 and 4096 (perf.md v86's tile sweep). FP8 256-token tiles run such
+    /// blocks as short twin units instead.
+    pub fn tokens_per_tile_for(avg_rows: f64, routes: Routes) -> usize {
+        let covering = Self::covering_tile(avg_rows);
+        if routes == Routes::both(Mma::Bf16)
+            && covering == 256
+            && (224.0..448.0).contains(&avg_rows)
+        {
+            128
+        } else {
+            covering
+        }
     }
 }
 
@@ -1478,11 +1497,29 @@ mod tests {
     fn token_tiles_follow_the_measured_choice() {
         // V4-Pro per rank: 48 experts, top-6; average rows per expert = 6T/48.
         let avg = |t: f64| 6.0 * t / 48.0;
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(8.0)), 16);
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(128.0)), 32);
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(512.0)), 96);
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(4096.0)), 256);
-        assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0)), 256);
+        let fp8 = Routes::both(Mma::Fp8);
+        let bf16 = Routes::both(Mma::Bf16);
+        for routes in [fp8, bf16, Routes::EXACT_L1] {
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(8.0), routes), 16);
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(128.0), routes), 32);
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(512.0), routes), 96);
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(1536.0), routes), 256);
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(4096.0), routes), 256);
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(8192.0), routes), 256);
+        }
+        for t in [2048.0, 3072.0] {
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(t), fp8), 256);
+            assert_eq!(TilePlan::tokens_per_tile_for(avg(t), bf16), 128);
+        }
+        // The covering tile bounds every choice (the warm-ups compile up to it).
+        for rows in 0..2000 {
+            for routes in [fp8, bf16] {
+                assert!(
+                    TilePlan::tokens_per_tile_for(rows as f64, routes)
+                        <= TilePlan::covering_tile(rows as f64)
+                );
+            }
+        }
     }
 
     /// A split tail's head whose later part never comes gives up after the kernel's timeout and

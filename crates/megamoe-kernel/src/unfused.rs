@@ -1077,7 +1077,7 @@ impl Pipeline {
     /// (a first batch of a new size would otherwise stall every rank). Returns how many cores the
     /// pipeline holds.
     pub fn warm_up(&mut self, gpu: &Gpu, jit: &Jit) -> Result<usize, UnfusedError> {
-        let largest = TilePlan::tokens_per_tile_for(self.shape.pool_rows as f64);
+        let largest = TilePlan::covering_tile(self.shape.pool_rows as f64);
         for bn in TOKEN_TILES.into_iter().filter(|&bn| bn <= largest) {
             self.core_of_tile(gpu, jit, false, bn)?;
             self.core_of_tile(gpu, jit, true, bn)?;
@@ -1096,6 +1096,7 @@ impl Pipeline {
             self.plan
                 .as_ref()
                 .map_or(0.0, PoolPlan::avg_rows_of_hit_experts),
+            self.shape.routes,
         )
     }
 

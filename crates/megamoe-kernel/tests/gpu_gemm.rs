@@ -7,7 +7,7 @@ use cuda_rt::{Gpu, Jit};
 use fp_formats::Recipe;
 use megamoe_kernel::problem::{ActPool, ExpertWeights, reference_rows};
 use megamoe_kernel::{
-    DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, TilePlan, transform_weights,
+    DeviceBytes, DeviceWeights, GemmCore, Mma, Pool, Routes, TilePlan, transform_weights,
 };
 
 const POISON: u16 = 0xFFFF; // a BF16 NaN
@@ -133,7 +133,10 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     let pool = ActPool::random(recipe, expert_rows, k, seed + 1);
     let hit: Vec<usize> = expert_rows.iter().copied().filter(|&r| r > 0).collect();
     let bn = tokens_per_tile.unwrap_or_else(|| {
-        TilePlan::tokens_per_tile_for(hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64)
+        TilePlan::tokens_per_tile_for(
+            hit.iter().sum::<usize>() as f64 / hit.len().max(1) as f64,
+            Routes::both(mma),
+        )
     });
     let mut plan = TilePlan::new(mma, bn).unwrap().with_fold(transformed.fold);
     if let Some(split_parts) = split_parts {
