@@ -243,11 +243,12 @@ struct Layout {
   static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * BN * 128 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
-  // FP8 one-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end
-  // early (a short main loop, consume_unit) runs its stages faster than the weights stream from
-  // HBM into so few, so the producer prefetches its stages' weights a ring ahead into L2 (perf.md
-  // v90: -3.5 % at T = 1000; whole units gain nothing from it).
-  static constexpr int kWeightPrefetch = kFp8 && kCtas == 1 && BN >= 128 ? kStages : 0;
+  // One-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end early (a
+  // short main loop, consume_unit) runs its stages faster than the weights stream from HBM into
+  // so few, so the producer prefetches its stages' weights a ring ahead into L2 (perf.md v90, FP8:
+  // -3.5 % at T = 1000; whole units gain nothing from it; BF16, whose 128- and 256-token stages
+  // are larger still: v95).
+  static constexpr int kWeightPrefetch = kCtas == 1 && BN >= 128 ? kStages : 0;
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
   // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
   // descriptors
