@@ -247,7 +247,7 @@ struct Layout {
   // short main loop, consume_unit) runs its stages faster than the weights stream from HBM into
   // so few, so the producer prefetches its stages' weights a ring ahead into L2 (perf.md v90, FP8:
   // -3.5 % at T = 1000; whole units gain nothing from it; BF16, whose 128- and 256-token stages
-  // are larger still: v95).
+  // are larger still, measured with its 128-token tiles at mid T in v96).
   static constexpr int kWeightPrefetch = kCtas == 1 && BN >= 128 ? kStages : 0;
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
   // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
