@@ -173,11 +173,18 @@ pub struct KnownHazard {
 /// are checked against the reference all the same. Every lane arriving itself would give racecheck
 /// the order it looks for, but makes ptxas spill the 128-token FP8 kernels (48 B), which
 /// `cargo xtask kernels` refuses (perf.md v72). The read sites are the two that racecheck names:
-/// the stage's decode (`load_stage`) and the promotion's scales (`chunk_scales`).
+/// the stage's decode (`load_stage`, or `decode_tile` where racecheck names the decode's own
+/// frame) and the promotion's scales (`chunk_scales`). Racecheck reports a pair write-first or,
+/// when it saw the read first, read-first; the runner matches either.
 pub const KNOWN_HAZARDS: &[KnownHazard] = &[
     KnownHazard {
         write: "mm::sm90::bulk_load(",
         read: "::load_stage<",
+        why: "the producer's next load into a stage the consumer warps freed (lane-0 arrive)",
+    },
+    KnownHazard {
+        write: "mm::sm90::bulk_load(",
+        read: "::decode_tile<",
         why: "the producer's next load into a stage the consumer warps freed (lane-0 arrive)",
     },
     KnownHazard {
@@ -297,13 +304,16 @@ printf '%s\n' "${to_run[@]}" | awk -F'|' '{ print $1; print $3 }' |
 
 # Racecheck's reported (write, read) pairs: "pairs unexplained" by the known hazards, which are
 @KNOWN_WHY@
+# Racecheck names a pair in the order it saw the accesses: the write first ("Race reported between
+# Write access at W" then "and Read access at R"), or the read first when the write came after it.
 known='@KNOWN@'
 unexplained() {
   awk -v known="$known" '
-    /Race reported between/ { w = $0; next }
+    /Race reported between/ { first = $0; next }
     /and (Read|Write) access at/ {
+      if (index(first, "between Write access")) { w = first; r = $0 } else { w = $0; r = first }
       pairs++; ok = 0; n = split(known, k, ";")
-      for (i = 1; i <= n; i++) { split(k[i], p, "|"); if (index(w, p[1]) && index($0, p[2])) ok = 1 }
+      for (i = 1; i <= n; i++) { split(k[i], p, "|"); if (index(w, p[1]) && index(r, p[2])) ok = 1 }
       if (!ok) bad++
     }
     END { print pairs + 0, bad + 0 }' "$1"
