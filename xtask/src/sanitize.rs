@@ -111,6 +111,10 @@ pub const ENTRIES: &[Entry] = &[
     ),
     entry(
         "gemm",
+        "megamoe-kernel.gpu_gemm::overhang_units_match_the_reference",
+    ),
+    entry(
+        "gemm",
         "megamoe-kernel.lib::gemm::tests::a_lost_split_part_times_out_into_the_error_word",
     ),
     entry(

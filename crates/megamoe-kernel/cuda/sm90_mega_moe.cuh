@@ -87,7 +87,7 @@ struct MegaParams {
   int pad_;
 };
 static_assert(sizeof(InputParams) == 64, "InputParams layout");
-static_assert(sizeof(MegaParams) == 64 + 48 + 64 + 64 + 88 + 64 + 40 + 64 + 32 + 2 * 112 + 40, "MegaParams layout");
+static_assert(sizeof(MegaParams) == 64 + 48 + 64 + 64 + 88 + 64 + 40 + 64 + 32 + 2 * 120 + 40, "MegaParams layout");
 
 // The plan error word's kind for a device T outside 0..max (error[1]: that T).
 constexpr u64 kPlanErrorTokens = 4;

@@ -55,7 +55,9 @@
 // Activations: TMA 2-D map over [pool rows][K] (E4M3, or BF16 for the BF16 route) in pool channel order,
 // 128-B swizzle, box {128 B, BN}; with short twins a second map beside it, of 64-row boxes.
 // BN (tokens per tile) is 16..256: accumulators, FP8 temp sets and fragments must fit the consumers'
-// 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer).
+// 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer). A
+// block of FP8 256-token tiles may hold up to BN + Layout::kOverhang rows (one more 16-token chunk
+// on the same decoded weights, GemmParams::overhang, ExpertBlocks).
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
@@ -79,14 +81,14 @@ constexpr int kWeightBlockBytes = kCodeBytes + kMetaBytes;  // one (tile, k128 b
 constexpr int kMaxSplitParts = 4;   // parts of K a split-tail item is drawn in, at most
 
 // A TMA descriptor (CUtensorMap) as a kernel parameter (__grid_constant__), and a layer's
-// activation maps: the tile's, then the short blocks' (TilePlan::tensor_maps), which the producer
-// finds right after the first.
+// activation maps: the tile's, then the short blocks' and the overhang rows' (TilePlan::tensor_maps),
+// which the producer finds right after the first.
 struct __align__(64) TmaDescriptor {
   unsigned long long opaque[16];
 };
 constexpr int kTensorMapBytes = sizeof(TmaDescriptor);
 struct ActMaps {
-  TmaDescriptor tile, short_block;
+  TmaDescriptor tile, short_block, overhang;
 };
 
 struct GemmParams {
@@ -123,8 +125,13 @@ struct GemmParams {
   // release); a tile's first load waits until its rows' count reaches arrivals_needed (longer than
   // kLocalWaitTimeoutNs: a timeout in `error`, and the tile goes on).
   const u32* row_arrivals;
+  // Rows past BN that a block may hold (0, or Layout::kOverhang where the layout has it): an
+  // expert's rows then run in the fewest blocks of up to BN + overhang rows where that saves the
+  // block of a few rows (ExpertBlocks). The fused forward's two layers share one block partition
+  // (the L2 waits on the L1's blocks' counts), so both have it or neither.
+  int overhang;
 };
-static_assert(sizeof(GemmParams) == 112, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
+static_assert(sizeof(GemmParams) == 120, "GemmParams layout (megamoe-kernel/src/gemm.rs)");
 
 // How long an in-kernel wait on another CTA (a split tail's head for a later part, the fused L2's
 // producer for its rows' L1 tiles) waits before it gives up: far beyond any launch (milliseconds),
@@ -204,19 +211,30 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
 // Its stages load the activations' first 64 rows only (a box of its own map, the one after the
 // tile's) and the second tile's codes and meta where the next 128 rows would be, so the stage is
 // no larger (perf.md v91: a stage grown for the second tile takes shared memory past 196 KiB).
+// kOverhang (FP8 256-token tiles): a block may hold up to BN + kOverhang rows (GemmParams::overhang,
+// ExpertBlocks), which the consumers run as a fifth, 16-token chunk of each stage on the fragments
+// the stage already decoded, so an expert of 257 .. 272 rows is one unit, and one of 1025 .. 1088
+// four: a block of a few rows costs 0.45 of a whole tile however few they are (perf.md v90, v91),
+// its decode and handshakes a stage being fixed. The stage and the epilogue's region hold the extra rows; the
+// producer loads them as a box of their own (ActMaps::overhang). 16 is what the registers allow
+// (32 made ptxas serialize the fused kernel's wgmmas, C7511; the BF16 route has none to spare).
 template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
   static constexpr int kBN = BN;
   static constexpr bool kTwin = kFp8 && kCtas == 1 && BN <= 96;
   static constexpr bool kShortTwin = kFp8 && kCtas == 1 && BN == 256;
   static constexpr int kShortTwinRows = 64;
+  static constexpr int kOverhang = kShortTwin ? 16 : 0;
+  static constexpr int kTileTokens = BN + kOverhang;  // a unit's tokens at most
   static constexpr int kTiles = kTwin ? 2 : 1;  // weight tiles a stage holds in their own place
   // Descriptors a unit hands out at most (one per weight tile); the walker's items are pairs then.
   static constexpr int kUnitTiles = kTwin || kShortTwin ? 2 : 1;
-  static constexpr int kActBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
+  static constexpr int kTileBoxBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
+  static constexpr int kActBytes = kTileBoxBytes + kOverhang * 128;  // the tile's box, the overhang rows' after it
   static constexpr int kShortBoxBytes = kShortTwinRows * 128;  // a short twin's activation box
-  static constexpr int kSfBytes = kFp8 ? ((BN + 127) / 128) * 128 : 0;
-  static constexpr int kSfFloatBytes = kFp8 ? BN * 4 : 0;  // the scales as floats, by the converter warp
+  static constexpr int kOverhangBoxBytes = kOverhang * 128;    // an overhang unit's extra rows
+  static constexpr int kSfBytes = kFp8 ? ((kTileTokens + 127) / 128) * 128 : 0;
+  static constexpr int kSfFloatBytes = kFp8 ? kTileTokens * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
   // A stage: the activation box, each weight tile's block (codes, then meta), the token scales
@@ -234,13 +252,13 @@ struct Layout {
   static constexpr bool kBoxEpilogue = !kHandoff && kFp8 && kCtas == 1;
   // The hand-off region: a word per (weight row pair, token) of the tile for the epilogue's box,
   // then the full / empty mbarriers of the hand-over.
-  static constexpr int kHandoffBytes = 256 * BN;
+  static constexpr int kHandoffBytes = 256 * kTileTokens;
   // Warps of the producer warpgroup that run the epilogue: those neither the producer thread's
   // warp nor (FP8) the converter warp.
   static constexpr int kEpilogueWarps = !kHandoff ? 0 : kFp8 ? 2 : 3;
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
   // The epilogue's shared memory: the hand-off region, the BF16 box, or none.
-  static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * BN * 128 : 0;
+  static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * kTileTokens * 128 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // One-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end early (a
@@ -293,6 +311,34 @@ struct Layout {
   static_assert(kStages >= 2, "tile too large for a 2-stage pipeline");
 };
 
+// An expert's blocks of BN-token tiles when a block may hold up to `overhang` rows past BN (a
+// multiple of 16, or 0): the fewest blocks of at most BN + overhang rows where they are fewer than
+// blocks of BN — the first `wide` of them BN + overhang rows, then BN, the last the rest (up to
+// BN + overhang - 1), so every block starts a multiple of 16 rows past the expert's first — and
+// otherwise blocks of BN, the last the rest (a short block when it is a few rows). An expert of
+// 4 x 256 + 60 rows is four units of 272, 272, 272 and 268 rows instead of four whole ones and a
+// short one.
+template <int BN>
+struct ExpertBlocks {
+  int count, wide;
+  __device__ __forceinline__ ExpertBlocks(int rows, int overhang) {
+    count = (rows + BN - 1) / BN;
+    wide = 0;
+    if (overhang > 0 && rows > BN) {
+      const int fewest = (rows + BN + overhang - 1) / (BN + overhang);
+      if (fewest < count) {
+        wide = (rows - fewest * BN) / overhang;
+        count = fewest;
+      }
+    }
+  }
+  // Block m's first row past the expert's first, and its rows (of the expert's `rows`).
+  __device__ __forceinline__ int start(int m, int overhang) const { return m * BN + min(m, wide) * overhang; }
+  __device__ __forceinline__ int rows_of(int m, int rows, int overhang) const {
+    return m + 1 < count ? (m < wide ? BN + overhang : BN) : rows - start(m, overhang);
+  }
+};
+
 // How a tile stands to the other tile of its item (kPairs: an item is two neighbouring weight tiles
 // of one token block, which one CTA computes one after the other).
 constexpr int kAlone = 0, kFirstOfPair = 1, kSecondOfPair = 2;
@@ -335,7 +381,10 @@ static_assert(sizeof(UnitDesc) == 48, "Layout's unit slots");
 // the short twin unit; per pair of tiles its items go the even tile's whole blocks, the odd
 // tile's, then the pair's short block (CTAs working at once still share the pair's weights), and
 // the odd tile of an odd tile count is a ghost (past n_out), which the producer skips.
-template <int kGroup, int BN, bool kSplitTail, bool kPairs, bool kShortPairs = false, int kShortRows = 64>
+// kOverhang (Layout::kOverhang): the launch's GemmParams::overhang applies (else no block holds
+// more than BN rows).
+template <int kGroup, int BN, bool kSplitTail, bool kPairs, bool kShortPairs = false, int kShortRows = 64,
+          int kOverhang = 0>
 struct TileWalker {
   static_assert(!kPairs || (kGroup == 1 && !kSplitTail), "a pair is one CTA's, drawn whole");
   static_assert(!kShortPairs || (kGroup == 1 && !kSplitTail && !kPairs), "short pairs are one CTA's, drawn whole");
@@ -358,9 +407,11 @@ struct TileWalker {
     expert_first_item += expert_items;
     ++expert;
     const int rows = expert < p.num_experts ? p.expert_rows[expert] : 0;
-    expert_m_blocks = (rows + BN - 1) / BN;
+    const int overhang = kOverhang > 0 ? p.overhang : 0;
+    const ExpertBlocks<BN> blocks(rows, overhang);
+    expert_m_blocks = blocks.count;
     if constexpr (kShortPairs) {
-      expert_short = expert_m_blocks > 0 && rows - (expert_m_blocks - 1) * BN <= kShortRows;
+      expert_short = expert_m_blocks > 0 && blocks.rows_of(expert_m_blocks - 1, rows, overhang) <= kShortRows;
       expert_whole = expert_m_blocks - (expert_short ? 1 : 0);
       expert_items = (p.n_out / kTileRows + 1) / 2 * (2 * expert_whole + (expert_short ? 1 : 0));
     } else {
@@ -567,7 +618,8 @@ struct Consumer {
   float base[2][2];  // FP8: weight base of rows r, r+8 per parity (twin: per tile)
   u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
   float tmp[kTempSets][kNsub / 2];  // FP8: chunks' wgmma results
-  float acc[BN / 2];
+  // The tile's sums; an overhang unit's extra tokens in acc[BN / 2 ..] (the fifth chunk's).
+  float acc[L::kTileTokens / 2];
   // Twin: the second tile's chunk results and sums (a single unused register otherwise).
   float tmp2[kTempSets][kTwin ? kNsub / 2 : 1];
   float acc2[kTwin ? BN / 2 : 1];
@@ -676,15 +728,16 @@ struct Consumer {
   // Stores by the consumers themselves stalled both warpgroups at every tile end (4 % of L1, 8 % of
   // L2 at T=8192, perf.md v48); 512 row-sized bulk copies a tile queued ahead of the producer's
   // loads (v49b). A tile that ends inside its expert's rows stores the rows that exist itself: the
-  // box would run into the next expert's. `out_rows`: out[first pool row of the tile][first weight
-  // row of this warpgroup]; (x, y) the same place in `out_map`'s coordinates.
+  // box would run into the next expert's; so does an overhang unit its rows past BN (the box holds
+  // BN). `out_rows`: out[first pool row of the tile][first weight row of this warpgroup]; (x, y)
+  // the same place in `out_map`'s coordinates.
   __device__ __forceinline__ void store_tile(const void* out_map, u16* out_rows, int n_out, int rows_left, int x,
                                              int y) {
     // Thread coordinates read afresh (volatile): derived from the members, ptxas computes the
     // fallback's addresses once per CTA and keeps them across the main loop, where they spill.
     const int tid = (int)fresh_tid_x() - 128, lane = tid % 32;  // among the consumer threads; shadows the members
     const int wg = tid / 128, w = (tid / 32) % 4;  // warpgroup, warp in it
-    u8* buf = smem + L::kEpilogueAt + wg * (BN * 128);
+    u8* buf = smem + L::kEpilogueAt + wg * (L::kTileTokens * 128);
     const u32 buf_addr = smem_addr(buf);
     // The previous tile's box is out of the buffer (every thread waits for its own bulk groups:
     // only the leader has any, and a branch around the wait made the 128-token tile spill).
@@ -692,19 +745,9 @@ struct Consumer {
     wg_bar_sync(wg);
     const int m = lane / 8, j = lane % 8;  // the stored row this lane addresses: row j of matrix m
 #pragma unroll
-    for (int round = 0; round < BN / 32; ++round) {
-      u32 packed[8];  // matrix 2g + h: token group g of the round, weight rows r (h = 0) or r + 8
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int i = 16 * round + 4 * (q / 2) + 2 * (q % 2);
-        packed[q] = pack_bf16x2(acc[i], acc[i + 1]);
-      }
-#pragma unroll
-      for (int x4 = 0; x4 < 2; ++x4) {
-        const int g = 2 * x4 + m / 2, h = m % 2, row = 32 * round + 8 * g + j;  // row % 8 == j
-        stmatrix_x4_trans(buf_addr + row * 128 + (((2 * w + h) ^ j) << 4), packed[4 * x4], packed[4 * x4 + 1],
-                          packed[4 * x4 + 2], packed[4 * x4 + 3]);
-      }
+    for (int round = 0; round < BN / 32; ++round) stmatrix_round<2>(buf_addr, round, w, m, j);
+    if constexpr (L::kOverhang > 0) {
+      if (rows_left > BN) stmatrix_round<L::kOverhang / 16>(buf_addr, BN / 32, w, m, j);
     }
     fence_proxy_async_shared();
     wg_bar_sync(wg);  // the box is whole
@@ -713,13 +756,36 @@ struct Consumer {
         tma_store_2d(out_map, buf, x, y);
         bulk_commit();
       }
+      if constexpr (L::kOverhang > 0) store_rows(buf, out_rows, n_out, BN, rows_left, w, lane);
     } else {
-      // Eight lanes a row, one 16-byte chunk each: whole 128-byte lines.
-      const int chunk = lane % 8;
-      for (int token = 4 * w + lane / 8; token < rows_left; token += 16) {
-        const uint4 v = *(const uint4*)(buf + token * 128 + ((chunk ^ (token % 8)) << 4));
-        *(uint4*)(out_rows + (size_t)token * n_out + 8 * chunk) = v;
-      }
+      store_rows(buf, out_rows, n_out, 0, rows_left, w, lane);
+    }
+  }
+  // Token rows [first, end) of the buffer `buf` to out, by the warpgroup's threads: eight lanes a
+  // row, one 16-byte chunk each (whole 128-byte lines).
+  __device__ __forceinline__ static void store_rows(const u8* buf, u16* out_rows, int n_out, int first, int end, int w,
+                                                    int lane) {
+    const int chunk = lane % 8;
+    for (int token = first + 4 * w + lane / 8; token < end; token += 16) {
+      const uint4 v = *(const uint4*)(buf + token * 128 + ((chunk ^ (token % 8)) << 4));
+      *(uint4*)(out_rows + (size_t)token * n_out + 8 * chunk) = v;
+    }
+  }
+  // Tokens 32 round .. of this warp's fragments as BF16 token rows into the buffer at `buf_addr`, in
+  // kX4 stmatrix.x4 of 16 tokens (2: a whole round of 32 tokens; 1: an overhang's 16).
+  template <int kX4>
+  __device__ __forceinline__ void stmatrix_round(u32 buf_addr, int round, int w, int m, int j) const {
+    u32 packed[4 * kX4];  // matrix 2g + h: token group g of the round, weight rows r (h = 0) or r + 8
+#pragma unroll
+    for (int q = 0; q < 4 * kX4; ++q) {
+      const int i = 16 * round + 4 * (q / 2) + 2 * (q % 2);
+      packed[q] = pack_bf16x2(acc[i], acc[i + 1]);
+    }
+#pragma unroll
+    for (int x4 = 0; x4 < kX4; ++x4) {
+      const int g = 2 * x4 + m / 2, h = m % 2, row = 32 * round + 8 * g + j;  // row % 8 == j
+      stmatrix_x4_trans(buf_addr + row * 128 + (((2 * w + h) ^ j) << 4), packed[4 * x4], packed[4 * x4 + 1],
+                        packed[4 * x4 + 2], packed[4 * x4 + 3]);
     }
   }
   // The 128 threads of consumer warpgroup wg meet (named barrier 1 + wg).
@@ -903,13 +969,15 @@ struct Consumer {
   }
 
   // acc = this warpgroup's 64 x BN tile of one (expert, weight tile, token block), computed on its
-  // first kN tokens (the rest stay 0). FP8 stages go in trips of two (parity 0, 1), or of one with
-  // one fragment set; FP8 drains its pipeline at the end of every trip, because ptxas serializes
-  // all wgmmas (C7514) when a temp set may still be in flight across a branch or loop.
+  // first kN tokens (the rest stay 0; kN past BN: an overhang unit's BN + kOverhang tokens). FP8
+  // stages go in trips of two (parity 0, 1), or of one with one fragment set; FP8 drains its
+  // pipeline at the end of every trip, because ptxas serializes all wgmmas (C7514) when a temp set
+  // may still be in flight across a branch or loop.
   template <int kN>
   __device__ __forceinline__ void mainloop(int k_blocks) {
+    constexpr int kSums = (kN > BN ? kN : BN) / 2;  // the accumulators the unit fills
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) {
+    for (int i = 0; i < kSums; ++i) {
       acc[i] = 0.0f;
       fence_operand(acc[i]);
       if constexpr (kTwin) {
@@ -941,7 +1009,7 @@ struct Consumer {
     if constexpr (kFp8) {
       if constexpr (kRowBase) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) {
+        for (int i = 0; i < kSums; ++i) {
           acc[i] *= base[0][(i >> 1) & 1];
           if constexpr (kTwin) acc2[i] *= base[1][(i >> 1) & 1];
         }
@@ -966,8 +1034,12 @@ struct Consumer {
       wg_wait<0>();
       release<0>();
     }
+    // The overhang's sums the unit does not fill are 0 from here, not held across the loop (the
+    // SwiGLU hand-off passes them on with the rest).
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) {
+    for (int i = kSums; i < L::kTileTokens / 2; ++i) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < L::kTileTokens / 2; ++i) {
       fence_operand(acc[i]);
       if constexpr (kTwin) fence_operand(acc2[i]);
     }
@@ -1035,9 +1107,9 @@ struct Consumer {
       }
     }
 #pragma unroll
-    for (int i = 64; i < BN / 2; ++i) acc[i] = 0.0f;
+    for (int i = 64; i < L::kTileTokens / 2; ++i) acc[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) fence_operand(acc[i]);
+    for (int i = 0; i < L::kTileTokens / 2; ++i) fence_operand(acc[i]);
   }
 };
 
@@ -1083,19 +1155,25 @@ struct Producer {
     }
   }
 
-  // One unit's stages through `map` (kShortBox: a short twin's, the 64-row boxes of the short
-  // blocks' map), each loading up to kMaxTiles weight blocks. The loop's shape is fixed per kind of
-  // unit, so a whole unit's stage costs the producer thread what it costs without short twins: its
-  // work a stage is on the critical path (perf.md v92). `weights` is the first tile's block at
+  // One unit's stages through `map` (kBox: the tile's box, kShortBox: a short twin's, the 64-row
+  // boxes of the short blocks' map, kOverhangBox: the tile's box and the overhang rows' box of the
+  // map after the short one), each loading up to kMaxTiles weight blocks. The loop's shape is fixed
+  // per kind of unit, so a whole unit's stage costs the producer thread what it costs without short
+  // twins or overhangs: its work a stage is on the critical path (perf.md v92). `weights` is the first tile's block at
   // u.kb_begin; the sources are pointers that step a k-block a stage, as 64-bit index arithmetic was a
   // fifth of that work. (Not unrolled: the unrolled loop's precomputed addresses spill its registers.)
-  template <bool kShortBox, int kMaxTiles>
+  static constexpr int kBox = 0, kShortBox = 1, kOverhangBox = 2;
+  template <int kBoxes, int kMaxTiles>
   __device__ __forceinline__ static void load_stages(const GemmParams& p, const void* map, u8* smem, u32 rank,
                                                      const WorkUnit& u, int row0, int loaded_tiles, bool prefetch,
                                                      const u8* weights, int& stage, u32& phase) {
     u64* full = (u64*)(smem + L::kFullAt);
     u64* empty = (u64*)(smem + L::kEmptyAt);
-    const u32 tx_bytes = (kShortBox ? L::kShortBoxBytes : L::kActBytes) + loaded_tiles * kWeightBlockBytes + (kFp8 ? BN : 0);
+    constexpr int kTokens = kBoxes == kOverhangBox ? L::kTileTokens : BN;  // token scales a stage
+    constexpr u32 kActTx = kBoxes == kShortBox ? L::kShortBoxBytes
+                           : kBoxes == kOverhangBox ? L::kTileBoxBytes + L::kOverhangBoxBytes
+                                                    : L::kTileBoxBytes;
+    const u32 tx_bytes = kActTx + loaded_tiles * kWeightBlockBytes + (kFp8 ? kTokens : 0);
     const size_t tile_stride = p.k / kBlockK * kWeightBlockBytes;
     const u8* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
 #pragma unroll 1
@@ -1109,9 +1187,11 @@ struct Producer {
       } else {
         tma_load_2d(dst, map, &full[stage], kb * kBlockK, row0);
         if constexpr (!kFp8) tma_load_2d(dst + BN * 128, map, &full[stage], kb * kBlockK + 64, row0);
+        if constexpr (kBoxes == kOverhangBox)
+          tma_load_2d(dst + BN * 128, (const u8*)map + 2 * kTensorMapBytes, &full[stage], kb * kBlockK, row0 + BN);
       }
       if constexpr (kFp8) {
-        bulk_load(dst + L::kSfAt, scales, BN, &full[stage]);
+        bulk_load(dst + L::kSfAt, scales, kTokens, &full[stage]);
         scales += p.sf_stride;
       }
 #pragma unroll
@@ -1128,7 +1208,7 @@ struct Producer {
   }
 
   // Thread 0 of warpgroup 0; `rank` in the cluster.
-  // act_map: the tile's activation map, the short blocks' (TilePlan::tensor_maps) right after it.
+  // act_map: the tile's activation map, then the short blocks' and the overhang rows' (ActMaps).
   __device__ __forceinline__ static void run(const GemmParams& p, const void* act_map, u8* smem, u32 rank) {
     const void* short_act_map = (const u8*)act_map + kTensorMapBytes;
     u64* full = (u64*)(smem + L::kFullAt);
@@ -1136,22 +1216,26 @@ struct Producer {
     UnitDesc* units = (UnitDesc*)(smem + L::kUnitsAt);
     prefetch_tensormap(act_map);
     if constexpr (L::kShortTwin) prefetch_tensormap(short_act_map);
+    if constexpr (L::kOverhang > 0) prefetch_tensormap((const u8*)act_map + 2 * kTensorMapBytes);
     // A twin unit is a pair of tiles: the walker's items are pairs, their two units one. Short
     // twins: with kPairs a pair whose block is short is one unit, the others two; without, the
     // walker pairs the short blocks' tiles only.
-    TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin, L::kShortTwin && !kPairs, L::kShortTwinRows> walker(
-        p, (const int*)(smem + L::kItemsAt));
+    TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin, L::kShortTwin && !kPairs, L::kShortTwinRows,
+               L::kOverhang>
+        walker(p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
     u32 phase = 0, seq = 0;  // seq: descriptors handed out
     WorkUnit u{};
     while (walker.unit(rank, u)) {
       const int n_tiles = p.n_out / kTileRows;
-      const int rows = min(BN, p.expert_rows[u.expert] - u.m_block * BN);
+      const int overhang = L::kOverhang > 0 ? p.overhang : 0, expert_rows = p.expert_rows[u.expert];
+      const ExpertBlocks<BN> blocks(expert_rows, overhang);
+      const int rows = blocks.rows_of(u.m_block, expert_rows, overhang);
       const int tiles =
           L::kTwin || (L::kShortTwin && u.pair == kFirstOfPair && rows <= L::kShortTwinRows) ? 2 : 1;
       // A pair's ghost tile (past n_out) alone is no work; with twins it rides along unloaded.
       if (L::kShortTwin && tiles == 1 && u.n_tile >= n_tiles) continue;
-      const int row0 = p.expert_offset[u.expert] + u.m_block * BN;
+      const int row0 = p.expert_offset[u.expert] + blocks.start(u.m_block, overhang);
       if (p.row_arrivals) wait_row_arrivals(p, row0);
       const int first_tile = u.n_tile;
       const bool prefetch = L::kWeightPrefetch > 0 && rows <= BN - 64;
@@ -1168,14 +1252,23 @@ struct Producer {
       const int loaded_tiles = max(0, min(tiles, n_tiles - first_tile));
       const u8* weights =
           p.w_blocks + ((size_t)(u.expert * n_tiles + first_tile) * (p.k / kBlockK) + u.kb_begin) * kWeightBlockBytes;
-      // A short twin's stages load its rows' box of the short map; the others the tile's.
+      // A short twin's stages load its rows' box of the short map; an overhang unit's the tile's box
+      // and its extra rows'; the others the tile's.
       if constexpr (L::kShortTwin) {
         if (tiles == 2) {
-          load_stages<true, 2>(p, short_act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase);
+          load_stages<kShortBox, 2>(p, short_act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage,
+                                    phase);
           continue;
         }
       }
-      load_stages<false, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase);
+      if constexpr (L::kOverhang > 0) {
+        if (rows > BN) {
+          load_stages<kOverhangBox, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage,
+                                               phase);
+          continue;
+        }
+      }
+      load_stages<kBox, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase);
     }
     // The end of this CTA's work: a stage that completes without data, with an end mark.
     ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
@@ -1204,10 +1297,11 @@ struct ScaleConverter {
       ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
+      const int tokens = L::kOverhang > 0 && units[slot].rows > BN ? L::kTileTokens : BN;  // the scales its stages load
       for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
         u8* dst = smem + stage * L::kStageBytes + L::kSfAt;
         ring_wait(&full[stage], phase, smem + L::kRingErrorAt);
-        for (int i = lane; i < BN; i += 32)
+        for (int i = lane; i < tokens; i += 32)
           ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
         mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
@@ -1232,6 +1326,7 @@ struct Bf16Out {
       const int col0 = d.n_col + (c.thread / 128) * 64;
       c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
     } else {
+      static_assert(C::L::kOverhang == 0, "overhang units store through the box");
       const int n0 = d.n_col + c.row_r;
 #pragma unroll
       for (int i = 0; i < C::kBN / 2; ++i) {
@@ -1294,6 +1389,8 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
     c.template mainloop<kNarrowTiles ? BN / 2 : BN>(blocks);
   } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
     c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
+  } else if (C::L::kOverhang > 0 && rows > BN) {  // an overhang unit: a fifth chunk on its last rows
+    c.template mainloop<C::L::kTileTokens>(blocks);
   } else {
     c.template mainloop<BN>(blocks);
   }

@@ -42,8 +42,8 @@ struct SwigluParams {
   const float* silu;             // [65537] silu(g) of every BF16 g, then of the clamp (uf_silu_table)
   u8* l2_act;                    // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I] (pool order)
   u8* l2_sf;                     // FP8 pool: [I/128][sf_stride]
-  // G = 128: per CTA of the launch (kSpillFloats<BN> each), the first tile of a pair's h values
-  // ([16 chunks of 4 channels][BN tokens] float4).
+  // G = 128: per CTA of the launch (kSpillFloats<L> each), the first tile of a pair's h values
+  // ([16 chunks of 4 channels][the tile's tokens, Layout::kTileTokens] float4).
   float* spill;
   int inter, sf_stride, has_clamp;
   float clamp;
@@ -54,9 +54,19 @@ struct SwigluParams {
 };
 static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout (megamoe-kernel/src/epilogue.rs)");
 
-// Floats of one CTA's spill slot for BN-token tiles: the even tile's h.
-template <int BN>
-constexpr int kSpillFloats = 64 * BN;
+// Floats of one CTA's spill slot for the GEMM layout L's tiles: the even tile's h.
+template <class L>
+constexpr int kSpillFloats = 64 * L::kTileTokens;
+
+// A byte per token of an epilogue thread's tiles: four fit a u32, more a u64.
+template <bool kWide>
+struct TokenBytes {
+  using Type = u32;
+};
+template <>
+struct TokenBytes<true> {
+  using Type = u64;
+};
 
 template <int G, bool kFp8Pool>
 struct SwigluOut {
@@ -107,15 +117,18 @@ struct SwigluOut {
   template <class C>
   __device__ __forceinline__ void tile(C& c, const GemmParams&, const void*, const UnitDesc& d) const {
     using L = typename C::L;
-    static_assert(L::kHandoffBytes >= kBoxBytes<C::kBN>, "the hand-off region holds the box");
+    static_assert(L::kHandoffBytes >= kBoxBytes<L::kTileTokens>, "the hand-off region holds the box");
     // Read afresh (volatile): derived from the consumer's members, ptxas holds it across the main
     // loop, where it spills.
     const int tid = (int)sm90::fresh_tid_x() - 128, ch = 8 * (tid / 32) + tid % 32 / 4, t = tid % 4;
     gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt), (d.seq & 1) ^ 1, c.smem + L::kRingErrorAt);
     u32* words = reinterpret_cast<u32*>(c.smem + L::kEpilogueAt);
     // Block b: tokens 8b + 2t (+ 1), gate acc[4b (+ 1)], up acc[4b + 2 (+ 1)]; token 8b + x's
-    // word of the channel is block 0's token x's plus 512 b words.
-    hand_over_blocks<C::kBN / 8>(c, sm90::smem_addr(words + box_word(2 * t, ch)), sm90::smem_addr(words + box_word(2 * t + 1, ch)));
+    // word of the channel is block 0's token x's plus 512 b words. The overhang's blocks go over
+    // whether the unit has those rows or not (the epilogue reads only its rows): a branch there
+    // made ptxas serialize the fused kernel's wgmmas (C7511).
+    hand_over_blocks<L::kTileTokens / 8>(c, sm90::smem_addr(words + box_word(2 * t, ch)),
+                                         sm90::smem_addr(words + box_word(2 * t + 1, ch)));
     sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt));  // release: the words are visible to the epilogue
   }
 
@@ -202,12 +215,15 @@ struct SwigluOut {
   // consumers once every token of it is stored.
   template <class L>
   __device__ __forceinline__ void run(u8* smem) const {
-    constexpr int BN = L::kBN, kThreads = L::kEpilogueThreads;
+    // Tokens of a tile at most, and of this thread (each kThreads-th).
+    constexpr int kTokens = L::kTileTokens, kThreads = L::kEpilogueThreads;
+    constexpr int kThreadTokens = (kTokens + kThreads - 1) / kThreads;
     // Chunks of SiLU loads in flight: two CTAs per SM leave 48 registers (and twice the warps).
     constexpr int kRound = L::kProducerRegs >= 56 ? 2 : 1;
-    static_assert(!kPairs || (BN + kThreads - 1) / kThreads <= 4, "a pair's first exponents: a byte per token in a word");
-    static_assert(L::kHandoffBytes >= kBoxBytes<BN>, "the hand-off region holds the box");
-    u32 first_exponents = 0;  // G = 128: the pair's first tile's exponent of each of this thread's tokens
+    static_assert(!kPairs || kThreadTokens <= 8, "a pair's first exponents: a byte per token");
+    static_assert(L::kHandoffBytes >= kBoxBytes<kTokens>, "the hand-off region holds the box");
+    using Exponents = typename TokenBytes<(kThreadTokens > 4)>::Type;
+    Exponents first_exponents = 0;  // G = 128: the pair's first tile's exponent of each of this thread's tokens
     // Unit seq's descriptor is in the producer's ring (slot seq % kUnitSlots) until the consumers'
     // next unit but one (Layout::kUnitSlots).
     for (u32 seq = 0, slot = 0;; ++seq, slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
@@ -227,10 +243,10 @@ struct SwigluOut {
         const int swizzle = tau & 7;
         // G = 128: this CTA's spill slot, [chunk k of 4 channels][token] float4; this token's
         // chunks, on their way to L1 while h is computed when the first tile's h is to come back.
-        float4* spill = reinterpret_cast<float4*>(s.spill) + (size_t)blockIdx.x * (kSpillFloats<BN> / 4) + tau;
+        float4* spill = reinterpret_cast<float4*>(s.spill) + (size_t)blockIdx.x * (kSpillFloats<L> / 4) + tau;
         if (pair == gemm::kSecondOfPair) {
 #pragma unroll
-          for (int k = 0; k < 16; ++k) sm90::prefetch_l1(spill + k * BN);
+          for (int k = 0; k < 16; ++k) sm90::prefetch_l1(spill + k * kTokens);
         }
         const float w = __ldg(&s.meta[row0 + tau].weight);
         const float2 amax = token_h<kRound>(row, swizzle, w, clamp);
@@ -238,11 +254,11 @@ struct SwigluOut {
         if (pair == gemm::kFirstOfPair) {
           // h waits in the spill, its exponent in a byte of this thread, for the pair's second tile.
 #pragma unroll 1
-          for (int k = 0; k < 16; ++k) spill[k * BN] = *reinterpret_cast<const float4*>(row + 4 * (k ^ swizzle));
-          first_exponents = (first_exponents & ~(0xffu << (8 * n))) | max(e0, e1) << (8 * n);
+          for (int k = 0; k < 16; ++k) spill[k * kTokens] = *reinterpret_cast<const float4*>(row + 4 * (k ^ swizzle));
+          first_exponents = (first_exponents & ~((Exponents)0xff << (8 * n))) | (Exponents)max(e0, e1) << (8 * n);
           continue;
         }
-        if constexpr (kPairs) e0 = e1 = max(max(e0, e1), (first_exponents >> (8 * n)) & 0xffu);
+        if constexpr (kPairs) e0 = e1 = max(max(e0, e1), (u32)(first_exponents >> (8 * n)) & 0xffu);
         u8* dst = s.l2_act + ((size_t)(row0 + tau) * s.inter + (ch0 & ~127)) * (kFp8Pool ? 1 : 2);
         // This tile's piece of each 16-byte group k of the block's pool row: its channels of pool
         // words k and k + kGroups (kWordChannels each, from kWordChannels k and 32 + kWordChannels k).
@@ -257,7 +273,7 @@ struct SwigluOut {
 #pragma unroll 1
           for (int k = 0; k < kGroups; ++k) {
             const int a = kWordChannels * k, b = 32 + a;
-            const Word h0 = spilled(spill, BN, a), h1 = spilled(spill, BN, b);
+            const Word h0 = spilled(spill, kTokens, a), h1 = spilled(spill, kTokens, b);
             *reinterpret_cast<uint2*>(dst + 16 * k) = piece(h0, h1, e0, e0);
           }
         }

@@ -53,9 +53,9 @@ impl Epilogue {
 }
 
 /// Floats of one CTA's slot of the SwiGLU epilogue's spill (`kSpillFloats`): the first tile of a
-/// pair's h values (64 channels × BN tokens).
-pub const fn spill_floats(tokens_per_tile: usize) -> usize {
-    64 * tokens_per_tile
+/// pair's h values (64 channels × a unit's tokens, `TilePlan::unit_tokens`).
+pub const fn spill_floats(unit_tokens: usize) -> usize {
+    64 * unit_tokens
 }
 
 /// `mm::swiglu::SwigluParams`, field for field.

@@ -76,7 +76,7 @@ struct MegaParams {
 }
 
 const _: () = assert!(size_of::<InputParams>() == 64);
-const _: () = assert!(size_of::<MegaParams>() == 792);
+const _: () = assert!(size_of::<MegaParams>() == 808);
 
 /// One rank's forward on the device, for an engine (`#[repr(C)]`: the raw layer's argument, the
 /// same for any binding): device addresses on the pipeline's GPU of `x` (`[T][H]`, as
@@ -334,7 +334,7 @@ impl FusedCore {
             tickets: gpu.alloc_zeros(4)?,
             row_arrivals: gpu.alloc_zeros(pool_rows.div_ceil(POOL_ROW_ALIGN))?,
             spill: gpu.alloc_zeros(if l1.epilogue.pairs() {
-                grid as usize * spill_floats(l1.tokens_per_tile)
+                grid as usize * spill_floats(l1.unit_tokens())
             } else {
                 0
             })?,
@@ -585,6 +585,13 @@ impl Pipeline {
         let row_granules = core.row_arrivals.len() as i32;
         // The L1's tiles per block of rows: the count at which an L2 tile's rows are whole.
         let l1_tiles_per_rows = (self.w1.n / TILE_ROWS) as i32;
+        // The L2 waits on the L1's blocks' counts, so both layers' blocks must be the same: an
+        // overhang only where both plans have it (g128/bf16-fp8's BF16 L1 has none).
+        let overhang = if p1.overhang_rows() == p2.overhang_rows() {
+            p1.overhang_rows() as i32
+        } else {
+            0
+        };
         // `layer`: 0 for L1, 1 for L2 (its own tickets; it waits on the L1's row counts).
         let layer =
             |layer: usize, plan: TilePlan, w: &crate::DeviceWeights, act_sf: u64, out: u64| {
@@ -614,6 +621,8 @@ impl Pipeline {
                     timeline: 0,
                     error: gemm_error,
                     row_arrivals: if layer == 1 { row_arrivals } else { 0 },
+                    overhang,
+                    pad: 0,
                 }
             };
         let params = MegaParams {

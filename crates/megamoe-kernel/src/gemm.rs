@@ -191,17 +191,18 @@ const fn box_epilogue(mma: Mma, ctas_per_sm: usize) -> bool {
 }
 
 /// The epilogue's shared memory (`kEpilogueBytes`): for the SwiGLU epilogue the hand-off region
-/// (a 4-byte gate/up word per (channel, token) of the tile and two mbarriers: the consumers hand
-/// each tile to the epilogue warps there, `kHandoff`), for BF16 out the box where there is one.
+/// (a 4-byte gate/up word per (channel, token) of a unit and two mbarriers: the consumers hand
+/// each tile to the epilogue warps there, `kHandoff`), for BF16 out the box where there is one;
+/// `unit_tokens`: [`TilePlan::unit_tokens`].
 const fn epilogue_bytes(
     mma: Mma,
     ctas_per_sm: usize,
-    tokens_per_tile: usize,
+    unit_tokens: usize,
     epilogue: Epilogue,
 ) -> usize {
     match epilogue {
-        Epilogue::Swiglu { .. } => 256 * tokens_per_tile + 16,
-        Epilogue::Bf16Out if box_epilogue(mma, ctas_per_sm) => 2 * tokens_per_tile * 128,
+        Epilogue::Swiglu { .. } => 256 * unit_tokens + 16,
+        Epilogue::Bf16Out if box_epilogue(mma, ctas_per_sm) => 2 * unit_tokens * 128,
         Epilogue::Bf16Out => 0,
     }
 }
@@ -210,22 +211,28 @@ const UNIT_DESC_BYTES: usize = 48;
 /// Rows of a short twin unit's block at most (`Layout::kShortTwinRows`), the rows of its
 /// activation box.
 const SHORT_TWIN_ROWS: usize = 64;
+/// Rows past the tile's tokens that a block of an overhang plan holds at most (`Layout::kOverhang`),
+/// the rows of their activation box.
+const OVERHANG_ROWS: usize = 16;
 
 /// A layer's activation maps as the kernels take them (`ActMaps` in `cuda/sm90_moe_gemm.cuh`, one
-/// parameter): the tile's, then the short blocks' (a box of [`SHORT_TWIN_ROWS`] rows; plans
-/// without short twins: the tile's again, unread).
+/// parameter): the tile's, the short blocks' (a box of [`SHORT_TWIN_ROWS`] rows) and the overhang
+/// rows' (a box of [`OVERHANG_ROWS`] rows); plans without short twins or overhangs get the tile's
+/// again there, unread.
 #[derive(Debug, Clone, Copy)]
 pub struct ActMaps {
     pub tile: TensorMap,
     pub short_block: TensorMap,
+    pub overhang: TensorMap,
 }
 
 impl ActMaps {
     /// The parameter's bytes.
-    pub fn to_bytes(&self) -> [u8; 256] {
-        let mut bytes = [0; 256];
+    pub fn to_bytes(&self) -> [u8; 384] {
+        let mut bytes = [0; 384];
         bytes[..128].copy_from_slice(&self.tile.to_bytes());
-        bytes[128..].copy_from_slice(&self.short_block.to_bytes());
+        bytes[128..256].copy_from_slice(&self.short_block.to_bytes());
+        bytes[256..].copy_from_slice(&self.overhang.to_bytes());
         bytes
     }
 }
@@ -385,6 +392,25 @@ impl TilePlan {
         self.mma == Mma::Fp8 && self.ctas_per_sm == 1 && self.tokens_per_tile == 256
     }
 
+    /// Rows past `tokens_per_tile` that a block may hold (`Layout::kOverhang`): FP8 one-CTA tiles
+    /// of 256 tokens run blocks of up to 272 rows, a fifth 16-token chunk of each stage on the
+    /// weights it decoded, where that saves an expert's block of a few rows, which costs ≈ 0.45 of
+    /// a whole one (perf.md v90, v91): 257 .. 272 rows in one unit, 1025 .. 1088 in four
+    /// (`ExpertBlocks` in the kernel). The launch turns it on or off (`GemmParams::overhang`; a
+    /// fused forward's layers share one block partition).
+    pub fn overhang_rows(&self) -> usize {
+        if self.short_twin_units() {
+            OVERHANG_ROWS
+        } else {
+            0
+        }
+    }
+
+    /// Tokens of a unit at most (`Layout::kTileTokens`): the tile's and the overhang's.
+    pub fn unit_tokens(&self) -> usize {
+        self.tokens_per_tile + self.overhang_rows()
+    }
+
     /// Weight tiles a stage holds in their own place (2 with twin tiles).
     fn stage_tiles(&self) -> usize {
         if self.twin_tiles() { 2 } else { 1 }
@@ -399,11 +425,11 @@ impl TilePlan {
         }
     }
 
-    /// Bytes of one pipeline stage (`Layout::kStageBytes`): the activation box, each weight tile's
-    /// codes and meta, and on the FP8 route the token scales (padded to 128) and the converter
-    /// warp's floats.
+    /// Bytes of one pipeline stage (`Layout::kStageBytes`): the activation box (and the overhang
+    /// rows'), each weight tile's codes and meta, and on the FP8 route the token scales (padded to
+    /// 128) and the converter warp's floats.
     fn stage_bytes_of(&self) -> usize {
-        let bn = self.tokens_per_tile;
+        let bn = self.unit_tokens();
         let (act, sf) = match self.mma {
             Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
             Mma::Bf16 => (bn * 128 * 2, 0),
@@ -418,7 +444,7 @@ impl TilePlan {
             - epilogue_bytes(
                 self.mma,
                 self.ctas_per_sm,
-                self.tokens_per_tile,
+                self.unit_tokens(),
                 self.epilogue,
             ))
             / stage_bytes)
@@ -538,7 +564,7 @@ impl TilePlan {
             + epilogue_bytes(
                 self.mma,
                 self.ctas_per_sm,
-                self.tokens_per_tile,
+                self.unit_tokens(),
                 self.epilogue,
             )
             + (24 * self.stages).next_multiple_of(16)
@@ -643,9 +669,9 @@ impl TilePlan {
     /// The launch's tensor maps over a pool of `rows` rows of K at `act` and its output of `rows`
     /// rows of `n` at `out`: the activations ([`ActMaps`]: one box = 128 bytes of K by BN rows,
     /// 128-byte swizzled: the WGMMA B-operand tile; with short twin units a second map of 64-row
-    /// boxes), and the epilogue's box (BF16 out of FP8 one-CTA tiles: a consumer warpgroup's 64
-    /// outputs of BN tokens, in the layout its shared buffer holds them; other plans get the
-    /// activations' map again, unread).
+    /// boxes, with overhang units a third of 16-row boxes), and the epilogue's box (BF16 out of
+    /// FP8 one-CTA tiles: a consumer warpgroup's 64 outputs of BN tokens, in the layout its shared
+    /// buffer holds them; other plans get the activations' map again, unread).
     pub fn tensor_maps(
         &self,
         act: u64,
@@ -676,6 +702,11 @@ impl TilePlan {
             tile: map,
             short_block: if self.short_twin_units() {
                 act_map(SHORT_TWIN_ROWS)?
+            } else {
+                map
+            },
+            overhang: if self.overhang_rows() > 0 {
+                act_map(self.overhang_rows())?
             } else {
                 map
             },
@@ -819,9 +850,12 @@ pub(crate) struct GemmParams {
     pub(crate) timeline: u64,
     pub(crate) error: u64,
     pub(crate) row_arrivals: u64,
+    /// Rows past the tile's tokens a block holds at most ([`TilePlan::overhang_rows`], or 0).
+    pub(crate) overhang: i32,
+    pub(crate) pad: i32,
 }
 
-const _: () = assert!(size_of::<GemmParams>() == 112);
+const _: () = assert!(size_of::<GemmParams>() == 120);
 
 /// Transformed expert weights on one GPU.
 pub struct DeviceWeights {
@@ -1008,7 +1042,7 @@ impl GemmCore {
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
             tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
             spill: gpu.alloc_zeros(if plan.epilogue.pairs() {
-                grid as usize * spill_floats(plan.tokens_per_tile)
+                grid as usize * spill_floats(plan.unit_tokens())
             } else {
                 0
             })?,
@@ -1151,6 +1185,8 @@ impl GemmCore {
             timeline,
             error,
             row_arrivals: 0,
+            overhang: self.plan.overhang_rows() as i32,
+            pad: 0,
         };
         let mut config = LaunchConfig::linear(self.grid, THREADS)
             .dynamic_smem(self.plan.smem_bytes() as u32)
@@ -1477,19 +1513,32 @@ mod tests {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
         let wide = plan(Mma::Fp8, 256);
         assert!(wide.short_twin_units() && !wide.twin_tiles());
-        // 32 KiB of activations, one tile's codes and meta, 256 B of scales and 1 KiB of floats:
-        // the second tile of a short twin lives in activation rows the block does not have.
-        assert_eq!(wide.stage_bytes, 42 * 1024);
+        assert_eq!((wide.overhang_rows(), wide.unit_tokens()), (16, 272));
+        // 34 KiB of activations (the tile's 256 rows and the overhang's 16), one tile's codes and
+        // meta, 384 B of scales and 1088 B of floats: the second tile of a short twin lives in
+        // activation rows the block does not have.
+        assert_eq!(wide.stage_bytes, 44 * 1024);
         assert_eq!(wide.stages, 3);
-        // Two descriptors a unit: the L2's whole launch still below 196 KiB of shared memory.
-        assert!(
-            wide.smem_bytes() + 1024 <= 196 * 1024,
-            "{}",
-            wide.smem_bytes()
-        );
+        // Two descriptors a unit; the epilogue's box holds 272 tokens. The launch passes 196 KiB
+        // of shared memory (the L1 cache keeps 28 KiB, not 60), which alone cost nothing
+        // measurable in perf.md v91 (a stage grown by a tile against one that was not).
+        for wide in [
+            wide,
+            wide.with_epilogue(Epilogue::Swiglu {
+                recipe: Recipe::G128,
+                pool: Mma::Fp8,
+            }),
+        ] {
+            assert!(
+                wide.smem_bytes() + 1024 <= 204 * 1024,
+                "{}",
+                wide.smem_bytes()
+            );
+        }
         for (mma, bn) in [(Mma::Fp8, 128), (Mma::Fp8, 96), (Mma::Bf16, 256)] {
             let other = plan(mma, bn);
             assert!(!other.short_twin_units(), "{mma} {bn}");
+            assert_eq!(other.overhang_rows(), 0, "{mma} {bn}");
         }
     }
 

@@ -343,7 +343,7 @@ fn preset_shapes_match_the_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
     let (gpu, jit) = setup();
-    // (256: two short twin units, 5 and 33 rows.)
+    // (256: two short twin units, 5 and 33 rows, and an overhang unit of 270.)
     for bn in [16, 128, 256] {
         for (wide_rows, deep_block) in [(true, false), (false, true)] {
             let (diff, _) = run(
@@ -353,7 +353,7 @@ fn rows_too_wide_for_one_base_take_the_per_block_kernel() {
                     tokens_per_tile: Some(bn),
                     wide_rows,
                     deep_block,
-                    ..Case::new(Recipe::G128, Mma::Fp8, &[5, 140, 0, 33], 256, 512, 3)
+                    ..Case::new(Recipe::G128, Mma::Fp8, &[5, 140, 0, 33, 270], 256, 512, 3)
                 },
             );
             assert!(
@@ -449,25 +449,49 @@ fn dynamic_schedule_matches_the_reference() {
 fn short_twin_units_match_the_reference() {
     // FP8 256-token tiles: an expert's last block of at most 64 rows is one unit of two tiles.
     // Blocks of 1, 44, 64 and 65 rows after whole ones and alone, odd tile counts (the last
-    // pair's odd tile a ghost), drawn and strided, three launches. (The per-block fold's short
-    // twins: rows_too_wide_for_one_base_take_the_per_block_kernel.)
+    // pair's odd tile a ghost). (The per-block fold's short twins:
+    // rows_too_wide_for_one_base_take_the_per_block_kernel.)
     let (gpu, jit) = setup();
-    let rows: Vec<usize> = vec![300, 64, 65, 0, 577, 1, 256, 44];
+    wide_fp8_tiles_match(&gpu, &jit, &[300, 64, 65, 0, 577, 1, 256, 44], 31);
+}
+
+/// FP8 256-token tiles on experts of `rows` rows in three shapes (odd tile counts among them),
+/// drawn and strided, three launches each.
+fn wide_fp8_tiles_match(gpu: &Gpu, jit: &Jit, rows: &[usize], seed: u64) {
     for (n, k) in [(640, 384), (128, 256), (1024, 128)] {
         for dynamic in [true, false] {
             assert_matches(
-                &gpu,
-                &jit,
+                gpu,
+                jit,
                 Case {
                     tokens_per_tile: Some(256),
                     dynamic: Some(dynamic),
                     launches: 3,
-                    ..Case::new(Recipe::G128, Mma::Fp8, &rows, n, k, 31 + n as u64)
+                    ..Case::new(Recipe::G128, Mma::Fp8, rows, n, k, seed + n as u64)
                 },
                 &format!("{n}x{k}, drawn {dynamic}"),
             );
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn overhang_units_match_the_reference() {
+    // FP8 256-token tiles: an expert's rows in the fewest blocks of up to 272 where that saves a
+    // block, the rows past 256 a fifth chunk of each stage. Overhangs of 1, 15 and 16 rows alone
+    // and after whole blocks (257, 271, 272, 528), of 60 over four blocks (1084: 272, 272, 272,
+    // 268) and of 64 (1088: four of 272), one row past them (273, 545, 1089: whole blocks and a
+    // short twin), whole blocks (256, 512).
+    let (gpu, jit) = setup();
+    wide_fp8_tiles_match(
+        &gpu,
+        &jit,
+        &[
+            257, 273, 0, 528, 16, 271, 1084, 512, 545, 272, 1088, 256, 1089, 1,
+        ],
+        41,
+    );
 }
 
 #[test]

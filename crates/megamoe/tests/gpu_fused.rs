@@ -1,7 +1,7 @@
 //! The fused forward (`ForwardPath::Fused`: one persistent launch per forward, the plan made on the
 //! device) on one GPU: bit for bit the unfused forward of the same inputs with the same GEMM tile,
 //! and within the contract's bound of the CPU reference, on every route — the tiny preset and the
-//! per-rank shapes of DeepSeek-V4-Flash / -Pro, T ∈ {0, 1, 7, 128, 1000, 8192}, masked slots,
+//! per-rank shapes of DeepSeek-V4-Flash / -Pro, T ∈ {0, 1, 7, 128, 376, 1000, 8192}, masked slots,
 //! skewed routing, a rank without tokens, R = 1 and R = 2, 4, 8 ranks sharing the GPU. Every
 //! forward writes into poisoned outputs; calls of different T share one pipeline, and a forward run
 //! again from the inputs on the device (A, B, A) gives A's bits.
@@ -315,6 +315,27 @@ fn fused_equals_unfused_v4_shapes() {
             Placement::one_gpu(1),
             false,
         );
+    }
+    // T = 376 puts ≈ 268 ± 9 rows on each of 8 experts: 256-token tiles, on the FP8 route with
+    // last blocks of 257 .. 272 rows (overhang units) and of a few rows (short twins); with the
+    // BF16 L1 the FP8 L2 runs without overhangs (the layers' blocks must match).
+    let pro = Config {
+        num_experts: 8,
+        ..Config::deepseek_v4_pro()
+    }
+    .with_recipe(Recipe::G128);
+    let p = generated_problem(pro, 376, 97, 0.05);
+    let mut rows = vec![0usize; pro.num_experts];
+    for &e in p.inputs[0].topk_idx.iter().filter(|&&e| e >= 0) {
+        rows[e as usize] += 1;
+    }
+    assert!(
+        rows.iter().any(|r| (257..=272).contains(r)),
+        "no expert with an overhang: {rows:?}"
+    );
+    for routes in [Routes::both(Mma::Fp8), Routes::EXACT_L1] {
+        let what = format!("v4-pro shape g128/{routes} fused, rows {rows:?}");
+        run_cases(&what, &p, routes, &[376], Placement::one_gpu(1), true);
     }
 }
 
