@@ -211,28 +211,33 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
 // Its stages load the activations' first 64 rows only (a box of its own map, the one after the
 // tile's) and the second tile's codes and meta where the next 128 rows would be, so the stage is
 // no larger (perf.md v91: a stage grown for the second tile takes shared memory past 196 KiB).
-// kOverhang (FP8 256-token tiles): a block may hold up to BN + kOverhang rows (GemmParams::overhang,
-// ExpertBlocks), which the consumers run as a fifth, 16-token chunk of each stage on the fragments
-// the stage already decoded, so an expert of 257 .. 272 rows is one unit, and one of 1025 .. 1088
-// four: a block of a few rows costs 0.45 of a whole tile however few they are (perf.md v90, v91),
-// its decode and handshakes a stage being fixed. The stage and the epilogue's region hold the extra rows; the
-// producer loads them as a box of their own (ActMaps::overhang). 16 is what the registers allow
-// (32 made ptxas serialize the fused kernel's wgmmas, C7511; the BF16 route has none to spare).
+// kOverhang (FP8 256-token and BF16 128-token one-CTA tiles): a block may hold up to BN + kOverhang
+// rows (GemmParams::overhang, ExpertBlocks), which the consumers run as 16 more tokens of each
+// stage on the fragments the stage already decoded (FP8: a fifth chunk; BF16: a second wgmma
+// beside each), so an expert of BN + 1 .. BN + 16 rows is one unit, and one of 4 BN + 1 ..
+// 4 BN + 64 four: a block of a few rows costs 0.45 of a whole FP8 256-token tile however few they
+// are (perf.md v90, v91), its decode and handshakes a stage being fixed. The stage holds the extra
+// rows after the tile's box (a box of 16 rows per 128-byte half, ActMaps::overhang), the
+// epilogue's region their outputs. 16 is what the registers allow (FP8 32 made ptxas serialize
+// the fused kernel's wgmmas, C7511; the BF16 256-token tile has no room for any).
 template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
   static constexpr int kBN = BN;
   static constexpr bool kTwin = kFp8 && kCtas == 1 && BN <= 96;
   static constexpr bool kShortTwin = kFp8 && kCtas == 1 && BN == 256;
   static constexpr int kShortTwinRows = 64;
-  static constexpr int kOverhang = kShortTwin ? 16 : 0;
+  static constexpr int kOverhang = kShortTwin || (!kFp8 && kCtas == 1 && BN == 128) ? 16 : 0;
   static constexpr int kTileTokens = BN + kOverhang;  // a unit's tokens at most
   static constexpr int kTiles = kTwin ? 2 : 1;  // weight tiles a stage holds in their own place
   // Descriptors a unit hands out at most (one per weight tile); the walker's items are pairs then.
   static constexpr int kUnitTiles = kTwin || kShortTwin ? 2 : 1;
-  static constexpr int kTileBoxBytes = BN * 128 * (kFp8 ? 1 : 2);  // FP8: one 128-B box; BF16: two 64-wide boxes
-  static constexpr int kActBytes = kTileBoxBytes + kOverhang * 128;  // the tile's box, the overhang rows' after it
+  static constexpr int kHalves = kFp8 ? 1 : 2;  // 128-byte boxes of K a stage: FP8 one, BF16 two of 64 channels
+  static constexpr int kTileBoxBytes = BN * 128 * kHalves;
+  static constexpr int kOverhangBoxBytes = kOverhang * 128;  // an overhang unit's extra rows, a half
+  // The tile's boxes, then the overhang rows' (half h's at overhang_at(h)).
+  static constexpr int kActBytes = kTileBoxBytes + kHalves * kOverhangBoxBytes;
+  __host__ __device__ static constexpr int overhang_at(int h) { return kTileBoxBytes + h * kOverhangBoxBytes; }
   static constexpr int kShortBoxBytes = kShortTwinRows * 128;  // a short twin's activation box
-  static constexpr int kOverhangBoxBytes = kOverhang * 128;    // an overhang unit's extra rows
   static constexpr int kSfBytes = kFp8 ? ((kTileTokens + 127) / 128) * 128 : 0;
   static constexpr int kSfFloatBytes = kFp8 ? kTileTokens * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
@@ -705,7 +710,12 @@ struct Consumer {
     wg_fence();
     const u64 desc = act_desc(held[0]) + H * (BN * 128 / 16);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) mma_bf16_rs<kN>(acc, &a[H][4 * q], desc + 2 * q, 1);  // 32 B per k16
+    for (int q = 0; q < 4; ++q) {
+      mma_bf16_rs<(kN > BN ? BN : kN)>(acc, &a[H][4 * q], desc + 2 * q, 1);  // 32 B per k16
+      if constexpr (kN > BN)  // an overhang unit's last tokens, from their box of the half
+        mma_bf16_rs<(kN > BN ? kN - BN : 8)>(acc + BN / 2, &a[H][4 * q],
+                                            act_desc(held[0]) + L::overhang_at(H) / 16 + 2 * q, 1);
+    }
     wg_commit();
   }
 
@@ -1171,7 +1181,7 @@ struct Producer {
     u64* empty = (u64*)(smem + L::kEmptyAt);
     constexpr int kTokens = kBoxes == kOverhangBox ? L::kTileTokens : BN;  // token scales a stage
     constexpr u32 kActTx = kBoxes == kShortBox ? L::kShortBoxBytes
-                           : kBoxes == kOverhangBox ? L::kTileBoxBytes + L::kOverhangBoxBytes
+                           : kBoxes == kOverhangBox ? L::kActBytes
                                                     : L::kTileBoxBytes;
     const u32 tx_bytes = kActTx + loaded_tiles * kWeightBlockBytes + (kFp8 ? kTokens : 0);
     const size_t tile_stride = p.k / kBlockK * kWeightBlockBytes;
@@ -1184,11 +1194,18 @@ struct Producer {
       if constexpr (kCluster == 2) {
         // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
         tma_load_2d_multicast(dst + rank * BN * 128, map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
+        if constexpr (kBoxes == kOverhangBox)
+          tma_load_2d_multicast(dst + L::overhang_at(rank), (const u8*)map + 2 * kTensorMapBytes, &full[stage],
+                                kb * kBlockK + (int)rank * 64, row0 + BN, 0x3);
       } else {
         tma_load_2d(dst, map, &full[stage], kb * kBlockK, row0);
         if constexpr (!kFp8) tma_load_2d(dst + BN * 128, map, &full[stage], kb * kBlockK + 64, row0);
-        if constexpr (kBoxes == kOverhangBox)
-          tma_load_2d(dst + BN * 128, (const u8*)map + 2 * kTensorMapBytes, &full[stage], kb * kBlockK, row0 + BN);
+        if constexpr (kBoxes == kOverhangBox) {
+#pragma unroll
+          for (int h = 0; h < L::kHalves; ++h)
+            tma_load_2d(dst + L::overhang_at(h), (const u8*)map + 2 * kTensorMapBytes, &full[stage],
+                        kb * kBlockK + 64 * h, row0 + BN);
+        }
       }
       if constexpr (kFp8) {
         bulk_load(dst + L::kSfAt, scales, kTokens, &full[stage]);
@@ -1326,10 +1343,9 @@ struct Bf16Out {
       const int col0 = d.n_col + (c.thread / 128) * 64;
       c.store_tile(out_map, p.out + row0 * p.n_out + col0, p.n_out, rows_left, col0, d.row0);
     } else {
-      static_assert(C::L::kOverhang == 0, "overhang units store through the box");
       const int n0 = d.n_col + c.row_r;
 #pragma unroll
-      for (int i = 0; i < C::kBN / 2; ++i) {
+      for (int i = 0; i < C::L::kTileTokens / 2; ++i) {
         const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
         const int n = n0 + 8 * ((i >> 1) & 1);
         if (col < rows_left) {

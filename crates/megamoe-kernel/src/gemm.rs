@@ -393,13 +393,15 @@ impl TilePlan {
     }
 
     /// Rows past `tokens_per_tile` that a block may hold (`Layout::kOverhang`): FP8 one-CTA tiles
-    /// of 256 tokens run blocks of up to 272 rows, a fifth 16-token chunk of each stage on the
-    /// weights it decoded, where that saves an expert's block of a few rows, which costs ≈ 0.45 of
-    /// a whole one (perf.md v90, v91): 257 .. 272 rows in one unit, 1025 .. 1088 in four
-    /// (`ExpertBlocks` in the kernel). The launch turns it on or off (`GemmParams::overhang`; a
-    /// fused forward's layers share one block partition).
+    /// of 256 tokens and BF16 ones of 128 run blocks of up to 16 rows more, 16 more tokens of each
+    /// stage on the weights it decoded, where that saves an expert's block of a few rows, which
+    /// costs ≈ 0.45 of a whole one (perf.md v90, v91): BN + 1 .. BN + 16 rows in one unit,
+    /// 4 BN + 1 .. 4 BN + 64 in four (`ExpertBlocks` in the kernel). The launch turns it on or off
+    /// (`GemmParams::overhang`; a fused forward's layers share one block partition).
     pub fn overhang_rows(&self) -> usize {
-        if self.short_twin_units() {
+        if self.short_twin_units()
+            || (self.mma == Mma::Bf16 && self.ctas_per_sm == 1 && self.tokens_per_tile == 128)
+        {
             OVERHANG_ROWS
         } else {
             0
@@ -1539,6 +1541,19 @@ mod tests {
             let other = plan(mma, bn);
             assert!(!other.short_twin_units(), "{mma} {bn}");
             assert_eq!(other.overhang_rows(), 0, "{mma} {bn}");
+        }
+    }
+
+    #[test]
+    fn bf16_128_token_tiles_hold_an_overhang() {
+        let tile = TilePlan::new(Mma::Bf16, 128).unwrap();
+        assert_eq!((tile.overhang_rows(), tile.unit_tokens()), (16, 144));
+        // Both 64-channel halves of 128 rows, then each half's 16 overhang rows (36 KiB), and the
+        // tile's codes and meta.
+        assert_eq!(tile.stage_bytes, 45 * 1024);
+        assert_eq!(tile.with_cluster(1).overhang_rows(), 16);
+        for bn in [16, 32, 64, 96] {
+            assert_eq!(TilePlan::new(Mma::Bf16, bn).unwrap().overhang_rows(), 0);
         }
     }
 

@@ -492,6 +492,24 @@ fn overhang_units_match_the_reference() {
         ],
         41,
     );
+    // BF16 128-token tiles: up to 144 rows a unit (272 and 288: two units), both recipes, in
+    // clusters of two (the overhang rows multicast by half like the tile's) and alone.
+    let rows: Vec<usize> = vec![129, 145, 0, 272, 16, 143, 288, 256, 273, 289, 144, 128, 1];
+    for recipe in [Recipe::Mx32, Recipe::G128] {
+        for cluster in [2, 1] {
+            assert_matches(
+                &gpu,
+                &jit,
+                Case {
+                    tokens_per_tile: Some(128),
+                    cluster: Some(cluster),
+                    launches: 3,
+                    ..Case::new(recipe, Mma::Bf16, &rows, 640, 384, 43 + cluster as u64)
+                },
+                &format!("BF16 cluster {cluster}"),
+            );
+        }
+    }
 }
 
 #[test]

@@ -318,7 +318,8 @@ fn fused_equals_unfused_v4_shapes() {
     }
     // T = 376 puts ≈ 268 ± 9 rows on each of 8 experts: 256-token tiles, on the FP8 route with
     // last blocks of 257 .. 272 rows (overhang units) and of a few rows (short twins); with the
-    // BF16 L1 the FP8 L2 runs without overhangs (the layers' blocks must match).
+    // BF16 L1 the FP8 L2 runs without overhangs (the layers' blocks must match); mx32 takes
+    // 128-token tiles there, with overhangs of the same rows.
     let pro = Config {
         num_experts: 8,
         ..Config::deepseek_v4_pro()
@@ -337,6 +338,16 @@ fn fused_equals_unfused_v4_shapes() {
         let what = format!("v4-pro shape g128/{routes} fused, rows {rows:?}");
         run_cases(&what, &p, routes, &[376], Placement::one_gpu(1), true);
     }
+    let p = generated_problem(pro.with_recipe(Recipe::Mx32), 376, 97, 0.05);
+    let what = format!("v4-pro shape mx32/{} fused, rows {rows:?}", Routes::EXACT);
+    run_cases(
+        &what,
+        &p,
+        Routes::EXACT,
+        &[376],
+        Placement::one_gpu(1),
+        true,
+    );
 }
 
 /// The fused kernel's cross-rank protocol (peer counts, dispatch and combine stores, device
