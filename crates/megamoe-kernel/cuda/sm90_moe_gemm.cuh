@@ -56,8 +56,8 @@
 // 128-B swizzle, box {128 B, BN}; with short twins a second map beside it, of 64-row boxes.
 // BN (tokens per tile) is 16..256: accumulators, FP8 temp sets and fragments must fit the consumers'
 // 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer). A
-// block of FP8 256-token tiles may hold up to BN + Layout::kOverhang rows (one more 16-token chunk
-// on the same decoded weights, GemmParams::overhang, ExpertBlocks).
+// block of FP8 256-token or BF16 128-token one-CTA tiles may hold up to BN + Layout::kOverhang rows
+// (16 more tokens of each stage on the same decoded weights, GemmParams::overhang, ExpertBlocks).
 // FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
 #pragma once
 
@@ -227,7 +227,7 @@ struct Layout {
   static constexpr bool kShortTwin = kFp8 && kCtas == 1 && BN == 256;
   static constexpr int kShortTwinRows = 64;
   static constexpr int kOverhang = kShortTwin || (!kFp8 && kCtas == 1 && BN == 128) ? 16 : 0;
-  static constexpr int kTileTokens = BN + kOverhang;  // a unit's tokens at most
+  static constexpr int kUnitTokens = BN + kOverhang;  // a unit's tokens at most
   static constexpr int kTiles = kTwin ? 2 : 1;  // weight tiles a stage holds in their own place
   // Descriptors a unit hands out at most (one per weight tile); the walker's items are pairs then.
   static constexpr int kUnitTiles = kTwin || kShortTwin ? 2 : 1;
@@ -238,8 +238,8 @@ struct Layout {
   static constexpr int kActBytes = kTileBoxBytes + kHalves * kOverhangBoxBytes;
   __host__ __device__ static constexpr int overhang_at(int h) { return kTileBoxBytes + h * kOverhangBoxBytes; }
   static constexpr int kShortBoxBytes = kShortTwinRows * 128;  // a short twin's activation box
-  static constexpr int kSfBytes = kFp8 ? ((kTileTokens + 127) / 128) * 128 : 0;
-  static constexpr int kSfFloatBytes = kFp8 ? kTileTokens * 4 : 0;  // the scales as floats, by the converter warp
+  static constexpr int kSfBytes = kFp8 ? ((kUnitTokens + 127) / 128) * 128 : 0;
+  static constexpr int kSfFloatBytes = kFp8 ? kUnitTokens * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
   // A stage: the activation box, each weight tile's block (codes, then meta), the token scales
@@ -257,13 +257,13 @@ struct Layout {
   static constexpr bool kBoxEpilogue = !kHandoff && kFp8 && kCtas == 1;
   // The hand-off region: a word per (weight row pair, token) of the tile for the epilogue's box,
   // then the full / empty mbarriers of the hand-over.
-  static constexpr int kHandoffBytes = 256 * kTileTokens;
+  static constexpr int kHandoffBytes = 256 * kUnitTokens;
   // Warps of the producer warpgroup that run the epilogue: those neither the producer thread's
   // warp nor (FP8) the converter warp.
   static constexpr int kEpilogueWarps = !kHandoff ? 0 : kFp8 ? 2 : 3;
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
   // The epilogue's shared memory: the hand-off region, the BF16 box, or none.
-  static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * kTileTokens * 128 : 0;
+  static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * kUnitTokens * 128 : 0;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // One-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end early (a
@@ -624,7 +624,7 @@ struct Consumer {
   u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
   float tmp[kTempSets][kNsub / 2];  // FP8: chunks' wgmma results
   // The tile's sums; an overhang unit's extra tokens in acc[BN / 2 ..] (the fifth chunk's).
-  float acc[L::kTileTokens / 2];
+  float acc[L::kUnitTokens / 2];
   // Twin: the second tile's chunk results and sums (a single unused register otherwise).
   float tmp2[kTempSets][kTwin ? kNsub / 2 : 1];
   float acc2[kTwin ? BN / 2 : 1];
@@ -747,7 +747,7 @@ struct Consumer {
     // fallback's addresses once per CTA and keeps them across the main loop, where they spill.
     const int tid = (int)fresh_tid_x() - 128, lane = tid % 32;  // among the consumer threads; shadows the members
     const int wg = tid / 128, w = (tid / 32) % 4;  // warpgroup, warp in it
-    u8* buf = smem + L::kEpilogueAt + wg * (L::kTileTokens * 128);
+    u8* buf = smem + L::kEpilogueAt + wg * (L::kUnitTokens * 128);
     const u32 buf_addr = smem_addr(buf);
     // The previous tile's box is out of the buffer (every thread waits for its own bulk groups:
     // only the leader has any, and a branch around the wait made the 128-token tile spill).
@@ -1047,9 +1047,9 @@ struct Consumer {
     // The overhang's sums the unit does not fill are 0 from here, not held across the loop (the
     // SwiGLU hand-off passes them on with the rest).
 #pragma unroll
-    for (int i = kSums; i < L::kTileTokens / 2; ++i) acc[i] = 0.0f;
+    for (int i = kSums; i < L::kUnitTokens / 2; ++i) acc[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < L::kTileTokens / 2; ++i) {
+    for (int i = 0; i < L::kUnitTokens / 2; ++i) {
       fence_operand(acc[i]);
       if constexpr (kTwin) fence_operand(acc2[i]);
     }
@@ -1117,9 +1117,9 @@ struct Consumer {
       }
     }
 #pragma unroll
-    for (int i = 64; i < L::kTileTokens / 2; ++i) acc[i] = 0.0f;
+    for (int i = 64; i < L::kUnitTokens / 2; ++i) acc[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < L::kTileTokens / 2; ++i) fence_operand(acc[i]);
+    for (int i = 0; i < L::kUnitTokens / 2; ++i) fence_operand(acc[i]);
   }
 };
 
@@ -1169,9 +1169,10 @@ struct Producer {
   // boxes of the short blocks' map, kOverhangBox: the tile's box and the overhang rows' box of the
   // map after the short one), each loading up to kMaxTiles weight blocks. The loop's shape is fixed
   // per kind of unit, so a whole unit's stage costs the producer thread what it costs without short
-  // twins or overhangs: its work a stage is on the critical path (perf.md v92). `weights` is the first tile's block at
-  // u.kb_begin; the sources are pointers that step a k-block a stage, as 64-bit index arithmetic was a
-  // fifth of that work. (Not unrolled: the unrolled loop's precomputed addresses spill its registers.)
+  // twins or overhangs: its work a stage is on the critical path (perf.md v92). `weights` is the
+  // first tile's block at u.kb_begin; the sources are pointers that step a k-block a stage, as
+  // 64-bit index arithmetic was a fifth of that work. (Not unrolled: the unrolled loop's
+  // precomputed addresses spill its registers.)
   static constexpr int kBox = 0, kShortBox = 1, kOverhangBox = 2;
   template <int kBoxes, int kMaxTiles>
   __device__ __forceinline__ static void load_stages(const GemmParams& p, const void* map, u8* smem, u32 rank,
@@ -1179,7 +1180,7 @@ struct Producer {
                                                      const u8* weights, int& stage, u32& phase) {
     u64* full = (u64*)(smem + L::kFullAt);
     u64* empty = (u64*)(smem + L::kEmptyAt);
-    constexpr int kTokens = kBoxes == kOverhangBox ? L::kTileTokens : BN;  // token scales a stage
+    constexpr int kTokens = kBoxes == kOverhangBox ? L::kUnitTokens : BN;  // token scales a stage
     constexpr u32 kActTx = kBoxes == kShortBox ? L::kShortBoxBytes
                            : kBoxes == kOverhangBox ? L::kActBytes
                                                     : L::kTileBoxBytes;
@@ -1314,7 +1315,7 @@ struct ScaleConverter {
       ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
-      const int tokens = L::kOverhang > 0 && units[slot].rows > BN ? L::kTileTokens : BN;  // the scales its stages load
+      const int tokens = L::kOverhang > 0 && units[slot].rows > BN ? L::kUnitTokens : BN;  // the scales its stages load
       for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
         u8* dst = smem + stage * L::kStageBytes + L::kSfAt;
         ring_wait(&full[stage], phase, smem + L::kRingErrorAt);
@@ -1345,7 +1346,7 @@ struct Bf16Out {
     } else {
       const int n0 = d.n_col + c.row_r;
 #pragma unroll
-      for (int i = 0; i < C::L::kTileTokens / 2; ++i) {
+      for (int i = 0; i < C::L::kUnitTokens / 2; ++i) {
         const int col = 8 * (i >> 2) + 2 * c.t + (i & 1);
         const int n = n0 + 8 * ((i >> 1) & 1);
         if (col < rows_left) {
@@ -1406,7 +1407,7 @@ __device__ __forceinline__ void consume_unit(C& c, const GemmParams& p, const vo
   } else if (kNarrowTiles && kFp8 && BN == 32 && rows <= 24) {
     c.template mainloop<kNarrowTiles && kFp8 && BN == 32 ? 24 : BN>(blocks);
   } else if (C::L::kOverhang > 0 && rows > BN) {  // an overhang unit: a fifth chunk on its last rows
-    c.template mainloop<C::L::kTileTokens>(blocks);
+    c.template mainloop<C::L::kUnitTokens>(blocks);
   } else {
     c.template mainloop<BN>(blocks);
   }

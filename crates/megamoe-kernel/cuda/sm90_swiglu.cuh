@@ -43,7 +43,7 @@ struct SwigluParams {
   u8* l2_act;                    // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I] (pool order)
   u8* l2_sf;                     // FP8 pool: [I/128][sf_stride]
   // G = 128: per CTA of the launch (kSpillFloats<L> each), the first tile of a pair's h values
-  // ([16 chunks of 4 channels][the tile's tokens, Layout::kTileTokens] float4).
+  // ([16 chunks of 4 channels][the tile's tokens, Layout::kUnitTokens] float4).
   float* spill;
   int inter, sf_stride, has_clamp;
   float clamp;
@@ -56,7 +56,7 @@ static_assert(sizeof(SwigluParams) == 64, "SwigluParams layout (megamoe-kernel/s
 
 // Floats of one CTA's spill slot for the GEMM layout L's tiles: the even tile's h.
 template <class L>
-constexpr int kSpillFloats = 64 * L::kTileTokens;
+constexpr int kSpillFloats = 64 * L::kUnitTokens;
 
 // A byte per token of an epilogue thread's tiles: four fit a u32, more a u64.
 template <bool kWide>
@@ -117,7 +117,7 @@ struct SwigluOut {
   template <class C>
   __device__ __forceinline__ void tile(C& c, const GemmParams&, const void*, const UnitDesc& d) const {
     using L = typename C::L;
-    static_assert(L::kHandoffBytes >= kBoxBytes<L::kTileTokens>, "the hand-off region holds the box");
+    static_assert(L::kHandoffBytes >= kBoxBytes<L::kUnitTokens>, "the hand-off region holds the box");
     // Read afresh (volatile): derived from the consumer's members, ptxas holds it across the main
     // loop, where it spills.
     const int tid = (int)sm90::fresh_tid_x() - 128, ch = 8 * (tid / 32) + tid % 32 / 4, t = tid % 4;
@@ -127,7 +127,7 @@ struct SwigluOut {
     // word of the channel is block 0's token x's plus 512 b words. The overhang's blocks go over
     // whether the unit has those rows or not (the epilogue reads only its rows): a branch there
     // made ptxas serialize the fused kernel's wgmmas (C7511).
-    hand_over_blocks<L::kTileTokens / 8>(c, sm90::smem_addr(words + box_word(2 * t, ch)),
+    hand_over_blocks<L::kUnitTokens / 8>(c, sm90::smem_addr(words + box_word(2 * t, ch)),
                                          sm90::smem_addr(words + box_word(2 * t + 1, ch)));
     sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt));  // release: the words are visible to the epilogue
   }
@@ -216,7 +216,7 @@ struct SwigluOut {
   template <class L>
   __device__ __forceinline__ void run(u8* smem) const {
     // Tokens of a tile at most, and of this thread (each kThreads-th).
-    constexpr int kTokens = L::kTileTokens, kThreads = L::kEpilogueThreads;
+    constexpr int kTokens = L::kUnitTokens, kThreads = L::kEpilogueThreads;
     constexpr int kThreadTokens = (kTokens + kThreads - 1) / kThreads;
     // Chunks of SiLU loads in flight: two CTAs per SM leave 48 registers (and twice the warps).
     constexpr int kRound = L::kProducerRegs >= 56 ? 2 : 1;

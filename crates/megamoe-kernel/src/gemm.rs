@@ -408,7 +408,7 @@ impl TilePlan {
         }
     }
 
-    /// Tokens of a unit at most (`Layout::kTileTokens`): the tile's and the overhang's.
+    /// Tokens of a unit at most (`Layout::kUnitTokens`): the tile's and the overhang's.
     pub fn unit_tokens(&self) -> usize {
         self.tokens_per_tile + self.overhang_rows()
     }
@@ -1522,8 +1522,8 @@ mod tests {
         assert_eq!(wide.stage_bytes, 44 * 1024);
         assert_eq!(wide.stages, 3);
         // Two descriptors a unit; the epilogue's box holds 272 tokens. The launch passes 196 KiB
-        // of shared memory (the L1 cache keeps 28 KiB, not 60), which alone cost nothing
-        // measurable in perf.md v91 (a stage grown by a tile against one that was not).
+        // of shared memory (the L1 cache keeps 28 KiB, not 60), which costs nothing measurable
+        // (perf.md v97: main's fused kernel asking 3 and 4 KiB more ran as main).
         for wide in [
             wide,
             wide.with_epilogue(Epilogue::Swiglu {
