@@ -272,10 +272,10 @@ fn overflow_l1(p: &mut Problem) {
 /// One engine, one set of buffers, many calls, as the kernel's symmetric buffer serves call after
 /// call: every call copies its inputs in and must find the counters reset and the barrier words
 /// settled by the call before — different token counts, ranks without tokens, a hot expert, and
-/// a call that fails (its buffers are dropped, the next call gets fresh ones).
-#[test]
-fn one_engine_serves_many_calls() {
-    let ranks = 4;
+/// a call that fails (its buffers are dropped, the next call gets fresh ones). One rank (the L2
+/// blocks take the sums, and their counts go back to 0) and four.
+#[rstest]
+fn one_engine_serves_many_calls(#[values(1, 4)] ranks: usize) {
     // No clamp, so that overflowing L1 sums reach the check that fails a call.
     let plain = |tokens: usize, mask: f64| {
         let mut p = small(ranks, tokens, mask);
@@ -295,7 +295,7 @@ fn one_engine_serves_many_calls() {
     check(&plain(7, 0.3));
     check(&full);
     let mut empty_ranks = plain(40, 0.1);
-    for x in [0, 2] {
+    for x in (0..ranks).step_by(2) {
         empty_ranks.inputs[x] = megamoe::RankInputs {
             tokens: 0,
             x: Vec::new(),
@@ -306,11 +306,15 @@ fn one_engine_serves_many_calls() {
     }
     check(&empty_ranks);
     let mut hot = plain(100, 0.0);
+    let (hot_expert, other) = (
+        hot.config.num_experts as i64 - 3,
+        hot.config.num_experts as i64 - 2,
+    );
     for x in &mut hot.inputs {
         for t in 0..x.tokens {
-            x.topk_idx[t * 2] = 5;
-            if x.topk_idx[t * 2 + 1] == 5 {
-                x.topk_idx[t * 2 + 1] = 6;
+            x.topk_idx[t * 2] = hot_expert;
+            if x.topk_idx[t * 2 + 1] == hot_expert {
+                x.topk_idx[t * 2 + 1] = other;
             }
         }
     }
