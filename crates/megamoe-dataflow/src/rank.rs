@@ -373,14 +373,14 @@ fn sum_if_last(job: &Job, me: &RankThread, token: usize, n: usize, cols: Range<u
     let (h, k, t_max) = (job.config.hidden, job.config.top_k, job.shape.max_tokens);
     let n_blocks = job.schedule.l2_n_blocks as usize;
     let idx = &job.inputs[0].topk_idx[token * k..(token + 1) * k];
-    let slots = idx.iter().filter(|&&e| e >= 0).count() as u32;
+    let slots = reference::valid_slots(idx).count() as u32;
     let count = &world.u32s(0, 0, &layout.combine_counts)[token * n_blocks + n];
     if count.fetch_add(1, Ordering::AcqRel) + 1 != slots {
         return;
     }
     count.store(0, Ordering::Relaxed);
     let mut acc = vec![0f32; cols.len()];
-    let rows = (0..k).filter(|&j| idx[j] >= 0).map(|j| {
+    let rows = reference::valid_slots(idx).map(|j| {
         let start = (j * t_max + token) * h;
         // SAFETY: every routed slot of the token has stored these columns (acquired through
         // the count), and nothing writes them again in this call.
@@ -438,7 +438,7 @@ fn copy_sums(job: &Job, me: &RankThread, y: &mut [bf16], first_token: usize) {
     let tokens = first_token..first_token + y.len() / h;
     let topk = &job.inputs[0].topk_idx[tokens.start * k..tokens.end * k];
     for ((token, y_row), idx) in tokens.zip(y.chunks_exact_mut(h)).zip(topk.chunks_exact(k)) {
-        if idx.iter().all(|&e| e < 0) {
+        if reference::valid_slots(idx).next().is_none() {
             continue;
         }
         // SAFETY: every sum was written before the final barrier; nothing writes after it.
@@ -458,7 +458,7 @@ fn combine(job: &Job, me: &RankThread, y: &mut [bf16], first_token: usize) {
     let mut acc = vec![0f32; h];
     for ((token, y_row), idx) in tokens.zip(y.chunks_exact_mut(h)).zip(topk.chunks_exact(k)) {
         acc.fill(0.0);
-        let slots = (0..k).filter(|&j| idx[j] >= 0).map(|j| {
+        let slots = reference::valid_slots(idx).map(|j| {
             let start = (j * t_max + token) * h;
             // SAFETY: every combine slot was written before the final barrier; nothing
             // writes after it.

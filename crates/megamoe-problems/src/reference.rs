@@ -593,6 +593,11 @@ fn slots_of_owner(config: &Config, topk_idx: &[&[i64]], owner: usize) -> Vec<Vec
     groups
 }
 
+/// The slots a token's sum adds, in increasing j: those its `[k]` expert ids route (not masked).
+pub fn valid_slots(topk_idx: &[i64]) -> impl Iterator<Item = usize> + '_ {
+    (0..topk_idx.len()).filter(|&j| topk_idx[j] >= 0)
+}
+
 /// Step 5 for one token: adds the values of its valid slots, given in increasing j, to `acc`
 /// (f32, starting from 0.0); the caller rounds to BF16.
 pub fn combine_token<'s, S: Copy + 's>(
@@ -618,7 +623,7 @@ fn combine<S: Copy + Sync>(
 ) -> Vec<f32> {
     let mut y = vec![0f32; topk_idx.len() / k * h];
     y.par_chunks_mut(h).enumerate().for_each(|(t, yt)| {
-        let valid = (0..k).filter(|&j| topk_idx[t * k + j] >= 0);
+        let valid = valid_slots(&topk_idx[t * k..(t + 1) * k]);
         combine_token(valid.map(|j| &slots[(t * k + j) * h..][..h]), &value, yt);
     });
     y
