@@ -8,11 +8,12 @@
 //                (as the host quantizer does) and i64 expert ids narrowed, into the pipeline's
 //                input buffers, which the stages below then read; grid barrier;
 //   1. count     CTA 0: this rank's routes per expert, published into every rank's counts table;
-//                the ranks meet (grid barrier, CTA 0 meets the other ranks, grid barrier);
+//                the ranks meet (grid barrier, CTA 0 meets the other ranks, grid barrier; one
+//                rank: CTA 0 goes on to its plan);
 //   2. plan      CTA 0: every owner's pool plan from the counts table (capacity and ids checked:
 //                an error stops every rank alike, each still meeting the others below);
 //   3. route     a CTA per expert (strided over the grid): each pair's pool row at its owner,
-//                the padding marks of this rank's pool;
+//                the padding marks of this rank's pool; each CTA's first L1 weights into L2;
 //   4. dispatch  pairs over the grid: each token's row into its owner's L1 pool (peer stores);
 //                the ranks meet;
 //   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
@@ -288,7 +289,9 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
     barriers::grid_barrier(p.grid_word);
   }
 
-  // 1. count, and the ranks meet: every rank's counts are in every rank's table.
+  // 1. count, and the ranks meet: every rank's counts are in every rank's table. One rank's table
+  // is CTA 0's own writes, which its plan reads next: no meeting (a grid barrier's 1-2 us of the
+  // small forwards' glue).
   if (blockIdx.x == 0) {
     CountParams count = p.count;
     count.pairs = forward_tokens(p) * count.top_k;
@@ -297,19 +300,26 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
     __syncthreads();
     count_routes(count, reinterpret_cast<u32*>(sm90::align_smem(smem_raw)), threadIdx.x, kThreads);
   }
-  if (!meet_ranks(p)) return;
+  if (p.num_ranks > 1 && !meet_ranks(p)) return;
   stamp(p, 1);
 
   // 2. plan, by CTA 0 for the grid; a refusal (this rank's ids, any owner's capacity, another
   // rank's ids) is the same in every CTA and, but for the ids' own rank, on every rank: the
   // stages are skipped, the meetings kept.
-  if (blockIdx.x == 0) plan_pools(p.plan, threadIdx.x, kThreads);
+  if (blockIdx.x == 0) {
+    __syncthreads();  // one rank: the counts its threads published
+    plan_pools(p.plan, threadIdx.x, kThreads);
+  }
   barriers::grid_barrier(p.grid_word);
   stamp(p, 2);
 
-  // 3. route and 4. dispatch; the ranks meet: every pool holds its rows.
+  // 3. route and 4. dispatch, the L1's first weights on their way into L2 meanwhile (the plan
+  // says which experts it has); the ranks meet: every pool holds its rows.
   constexpr int kUnroll = kGlueUnroll<L1::kCtasPerSm>;
-  if (planned(p)) route_and_dispatch<G, L1::kFp8Route, kUnroll>(p);
+  if (planned(p)) {
+    if (threadIdx.x == 0) L1::prefetch_first_weights(p.l1);
+    route_and_dispatch<G, L1::kFp8Route, kUnroll>(p);
+  }
   if (!meet_ranks(p)) return;
   stamp(p, 3);
 

@@ -78,6 +78,10 @@ constexpr int kBlockK = 128;        // K per pipeline stage
 constexpr int kCodeBytes = 8192;    // FP4 codes of one (tile, k128 block)
 constexpr int kMetaBytes = 512;     // one u32 per weight row
 constexpr int kWeightBlockBytes = kCodeBytes + kMetaBytes;  // one (tile, k128 block): codes, then meta
+// The fused forward's L1 weights prefetched into L2 while its glue runs (Gemm::prefetch_first_weights),
+// over the whole grid: about what the HBM moves in the small forwards' glue (≈ 8 us at 4.2 TB/s),
+// well inside the H200's 50 MB L2.
+constexpr unsigned kFirstWeightsPrefetchBytes = 32u << 20;
 constexpr int kMaxSplitParts = 4;   // parts of K a split-tail item is drawn in, at most
 
 // A TMA descriptor (CUtensorMap) as a kernel parameter (__grid_constant__), and a layer's
@@ -1225,6 +1229,25 @@ struct Producer {
     }
   }
 
+  // The walker of run(): its items are pairs for twin units, and for short twins only the short
+  // blocks' (with kPairs every item is a pair already).
+  using Walker = TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin, L::kShortTwin && !kPairs, L::kShortTwinRows,
+                            L::kOverhang>;
+
+  // Item `item`'s first `blocks` weight blocks of each of its tiles (tile `rank` of a cluster's
+  // item) into L2. Without the split tail's item list: only for launches without one.
+  __device__ __forceinline__ static void prefetch_item_weights(const GemmParams& p, int item, u32 rank, int blocks) {
+    static_assert(!kSplitTail, "the walker's split items need the launch's item list");
+    Walker walker(p, nullptr);
+    WorkUnit u{};
+    if (!walker.seek(item, rank, u)) return;
+    const int n_tiles = p.n_out / kTileRows, k_blocks = p.k / kBlockK;
+    const int last_tile = min(u.n_tile + (u.pair == kFirstOfPair ? 2 : 1), n_tiles);
+    for (int tile = u.n_tile; tile < last_tile; ++tile)
+      bulk_prefetch_l2(p.w_blocks + (size_t)(u.expert * n_tiles + tile) * k_blocks * kWeightBlockBytes,
+                       (u32)min(blocks, k_blocks) * kWeightBlockBytes);
+  }
+
   // Thread 0 of warpgroup 0; `rank` in the cluster.
   // act_map: the tile's activation map, then the short blocks' and the overhang rows' (ActMaps).
   __device__ __forceinline__ static void run(const GemmParams& p, const void* act_map, u8* smem, u32 rank) {
@@ -1238,9 +1261,7 @@ struct Producer {
     // A twin unit is a pair of tiles: the walker's items are pairs, their two units one. Short
     // twins: with kPairs a pair whose block is short is one unit, the others two; without, the
     // walker pairs the short blocks' tiles only.
-    TileWalker<kCluster, BN, kSplitTail, kPairs || L::kTwin, L::kShortTwin && !kPairs, L::kShortTwinRows,
-               L::kOverhang>
-        walker(p, (const int*)(smem + L::kItemsAt));
+    Walker walker(p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
     u32 phase = 0, seq = 0;  // seq: descriptors handed out
     WorkUnit u{};
@@ -1547,6 +1568,19 @@ struct Gemm {
     } else {
       __syncthreads();
     }
+  }
+
+  // One thread of each CTA of a fused forward, before the layer, while the glue before it runs
+  // (route and dispatch: at small T a few microseconds of latency with the HBM idle): the first
+  // weights of the item this CTA's cluster rank would take first (the first draws take the first
+  // items, and which CTA takes which is no matter: L2 is the chip's) into L2,
+  // kFirstWeightsPrefetchBytes over the grid at most, so that the layer starts on weights already
+  // on the chip and its stream runs at the HBM's rate from there.
+  __device__ __forceinline__ static void prefetch_first_weights(const GemmParams& p) {
+    using Role = Producer<BN, kFp8, kCtas, kCluster, kSplitTail, kPairs, kHandoff>;
+    constexpr int kItemTiles = kPairs || L::kUnitTiles == 2 ? 2 : 1;
+    const int blocks = (int)(kFirstWeightsPrefetchBytes / gridDim.x / (kItemTiles * kWeightBlockBytes));
+    if (blocks > 0) Role::prefetch_item_weights(p, (int)blockIdx.x / kCluster, blockIdx.x % kCluster, blocks);
   }
 
   // Every thread of the CTA, after setup: this CTA's part of the launch's tiles, each finished tile
