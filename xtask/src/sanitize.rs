@@ -99,6 +99,10 @@ pub const ENTRIES: &[Entry] = &[
     ),
     entry(
         "gemm",
+        "megamoe-kernel.gpu_gemm::token_scales_in_several_chunks_match_the_reference",
+    ),
+    entry(
+        "gemm",
         "megamoe-kernel.gpu_gemm::dynamic_schedule_matches_the_reference",
     ),
     entry(

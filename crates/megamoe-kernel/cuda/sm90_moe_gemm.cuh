@@ -93,6 +93,9 @@ struct __align__(64) TmaDescriptor {
 constexpr int kTensorMapBytes = sizeof(TmaDescriptor);
 struct ActMaps {
   TmaDescriptor tile, short_block, overhang;
+  // The token scales `[k_blocks][sf_stride]` in boxes of kScaleChunkBlocks k-blocks by BN rows
+  // (Layout::kChunkedScales).
+  TmaDescriptor scales;
 };
 
 struct GemmParams {
@@ -242,7 +245,17 @@ struct Layout {
   static constexpr int kActBytes = kTileBoxBytes + kHalves * kOverhangBoxBytes;
   __host__ __device__ static constexpr int overhang_at(int h) { return kTileBoxBytes + h * kOverhangBoxBytes; }
   static constexpr int kShortBoxBytes = kShortTwinRows * 128;  // a short twin's activation box
-  static constexpr int kSfBytes = kFp8 ? ((kUnitTokens + 127) / 128) * 128 : 0;
+  // FP8 two-CTA tiles take a unit's token scales in chunks of kScaleChunkBlocks k-blocks, one copy
+  // each into one of kScaleChunks buffers, not one small copy a stage: at small T the producer
+  // thread's work a stage is on the critical path, and a stage's scale copy was ≈ 5 % of the
+  // forward at T = 8 (perf.md v92, call F). The converter warp reads a stage's bytes from its
+  // chunk and gives the buffer back after the chunk's last stage. One-CTA tiles keep the copy a
+  // stage: their stages are long, and a chunk of their 256 rows would cost a stage of shared memory.
+  static constexpr bool kChunkedScales = kFp8 && kCtas == 2;
+  static constexpr int kScaleChunkBlocks = 64;  // every unit of H <= 8192 one chunk
+  static constexpr int kScaleChunks = kChunkedScales ? 2 : 0;  // the converter's buffer index toggles
+  static constexpr int kScaleChunkBytes = BN * kScaleChunkBlocks;
+  static constexpr int kSfBytes = kFp8 && !kChunkedScales ? ((kUnitTokens + 127) / 128) * 128 : 0;
   static constexpr int kSfFloatBytes = kFp8 ? kUnitTokens * 4 : 0;  // the scales as floats, by the converter warp
   // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
@@ -268,7 +281,8 @@ struct Layout {
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
   // The epilogue's shared memory: the hand-off region, the BF16 box, or none.
   static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * kUnitTokens * 128 : 0;
-  static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes;
+  static constexpr int kScaleChunksBytes = kScaleChunks * kScaleChunkBytes;
+  static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes - kScaleChunksBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
   // One-CTA tiles of 128 and 256 tokens hold few stages (3 to 7); a unit whose rows end early (a
   // short main loop, consume_unit) runs its stages faster than the weights stream from HBM into
@@ -296,16 +310,20 @@ struct Layout {
     const Desc* first = (const Desc*)(smem + kUnitsAt);
     return d + 1 == first + kUnitSlots ? first : d + 1;
   }
-  static constexpr int kBarrierBytes = (3 * kStages * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
-  static constexpr int kSmemBytes =
-      1024 + kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + kTableBytes + kUnitBytes;
+  // full, empty and scales-ready a stage, then the scale chunks' empty barriers
+  static constexpr int kBarriers = 3 * kStages + kScaleChunks;
+  static constexpr int kBarrierBytes = (kBarriers * 8 + 15) / 16 * 16;  // tables stay 16-B aligned
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kScaleChunksBytes + kEpilogueBytes + kBarrierBytes +
+                                    kTableBytes + kUnitBytes;
   // Offsets from the aligned base: the barriers and tables are found from it, not kept in registers.
-  static constexpr int kEpilogueAt = kStages * kStageBytes;
+  static constexpr int kScaleChunksAt = kStages * kStageBytes;  // 1024-B aligned, as the TMA wants
+  static constexpr int kEpilogueAt = kScaleChunksAt + kScaleChunksBytes;
   static constexpr int kHandoffFullAt = kEpilogueAt + kHandoffBytes;  // count: the 256 consumer threads
   static constexpr int kHandoffEmptyAt = kHandoffFullAt + 8;          // count: the epilogue threads
   static constexpr int kFullAt = kEpilogueAt + kEpilogueBytes;
   static constexpr int kEmptyAt = kFullAt + 8 * kStages;
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
+  static constexpr int kScaleEmptyAt = kScalesReadyAt + 8 * kStages;  // count: the converter warp's lanes
   static constexpr int kTablesAt = kFullAt + kBarrierBytes;
   static constexpr int kItemsAt = kTablesAt + 120;  // after the 15 tables: the launch's item count
   static constexpr int kRingErrorAt = kTablesAt + 128;  // the error word's address (ring_wait)
@@ -1181,21 +1199,38 @@ struct Producer {
   template <int kBoxes, int kMaxTiles>
   __device__ __forceinline__ static void load_stages(const GemmParams& p, const void* map, u8* smem, u32 rank,
                                                      const WorkUnit& u, int row0, int loaded_tiles, bool prefetch,
-                                                     const u8* weights, int& stage, u32& phase) {
+                                                     const u8* weights, int& stage, u32& phase, u32& chunks) {
+    static_assert(!L::kChunkedScales || kBoxes == kBox, "two-CTA tiles load the tile's box alone");
     u64* full = (u64*)(smem + L::kFullAt);
     u64* empty = (u64*)(smem + L::kEmptyAt);
     constexpr int kTokens = kBoxes == kOverhangBox ? L::kUnitTokens : BN;  // token scales a stage
     constexpr u32 kActTx = kBoxes == kShortBox ? L::kShortBoxBytes
                            : kBoxes == kOverhangBox ? L::kActBytes
                                                     : L::kTileBoxBytes;
-    const u32 tx_bytes = kActTx + loaded_tiles * kWeightBlockBytes + (kFp8 ? kTokens : 0);
+    const u32 tx_bytes = kActTx + loaded_tiles * kWeightBlockBytes + (kFp8 && !L::kChunkedScales ? kTokens : 0);
     const size_t tile_stride = p.k / kBlockK * kWeightBlockBytes;
     const u8* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
 #pragma unroll 1
     for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
       u8* dst = smem + stage * L::kStageBytes;
       ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
-      mbar_expect_tx(&full[stage], tx_bytes);
+      if constexpr (L::kChunkedScales) {
+        // The unit's next kScaleChunkBlocks k-blocks of scales ride on this stage's barrier, into
+        // the buffer the converter warp gave back after its chunk two before.
+        if ((kb - u.kb_begin) % L::kScaleChunkBlocks == 0) {
+          const int buffer = chunks % L::kScaleChunks;
+          ring_wait((u64*)(smem + L::kScaleEmptyAt) + buffer, (chunks / L::kScaleChunks & 1) ^ 1,
+                    smem + L::kRingErrorAt);
+          mbar_expect_tx(&full[stage], tx_bytes + L::kScaleChunkBytes);
+          tma_load_2d(smem + L::kScaleChunksAt + buffer * L::kScaleChunkBytes, (const u8*)map + 3 * kTensorMapBytes,
+                      &full[stage], row0, kb);
+          ++chunks;
+        } else {
+          mbar_expect_tx(&full[stage], tx_bytes);
+        }
+      } else {
+        mbar_expect_tx(&full[stage], tx_bytes);
+      }
       if constexpr (kCluster == 2) {
         // The activation tile is the same for both CTAs: each loads one of its two K halves into both.
         tma_load_2d_multicast(dst + rank * BN * 128, map, &full[stage], kb * kBlockK + (int)rank * 64, row0, 0x3);
@@ -1212,7 +1247,7 @@ struct Producer {
                         kb * kBlockK + 64 * h, row0 + BN);
         }
       }
-      if constexpr (kFp8) {
+      if constexpr (kFp8 && !L::kChunkedScales) {
         bulk_load(dst + L::kSfAt, scales, kTokens, &full[stage]);
         scales += p.sf_stride;
       }
@@ -1258,12 +1293,21 @@ struct Producer {
     prefetch_tensormap(act_map);
     if constexpr (L::kShortTwin) prefetch_tensormap(short_act_map);
     if constexpr (L::kOverhang > 0) prefetch_tensormap((const u8*)act_map + 2 * kTensorMapBytes);
+    if constexpr (L::kChunkedScales) {
+      prefetch_tensormap((const u8*)act_map + 3 * kTensorMapBytes);
+      // The scale chunks' empty barriers, set up here rather than in setup (there, ptxas serialized
+      // the wgmmas of the two-CTA FP8 32-token split kernel, C7511): the converter warp first
+      // arrives on one after it has waited for a stage this thread's arrive completes, which orders
+      // the set-up before it.
+      for (int c = 0; c < L::kScaleChunks; ++c) mbar_init((u64*)(smem + L::kScaleEmptyAt) + c, 32);
+    }
     // A twin unit is a pair of tiles: the walker's items are pairs, their two units one. Short
     // twins: with kPairs a pair whose block is short is one unit, the others two; without, the
     // walker pairs the short blocks' tiles only.
     Walker walker(p, (const int*)(smem + L::kItemsAt));
     int stage = 0, slot = 0;
     u32 phase = 0, seq = 0;  // seq: descriptors handed out
+    u32 chunks = 0;          // scale chunks loaded (Layout::kChunkedScales)
     WorkUnit u{};
     while (walker.unit(rank, u)) {
       const int n_tiles = p.n_out / kTileRows;
@@ -1296,18 +1340,19 @@ struct Producer {
       if constexpr (L::kShortTwin) {
         if (tiles == 2) {
           load_stages<kShortBox, 2>(p, short_act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage,
-                                    phase);
+                                    phase, chunks);
           continue;
         }
       }
       if constexpr (L::kOverhang > 0) {
         if (rows > BN) {
           load_stages<kOverhangBox, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage,
-                                               phase);
+                                               phase, chunks);
           continue;
         }
       }
-      load_stages<kBox, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase);
+      load_stages<kBox, L::kTiles>(p, act_map, smem, rank, u, row0, loaded_tiles, prefetch, weights, stage, phase,
+                                   chunks);
     }
     // The end of this CTA's work: a stage that completes without data, with an end mark.
     ring_wait(&empty[stage], phase ^ 1, smem + L::kRingErrorAt);
@@ -1332,17 +1377,30 @@ struct ScaleConverter {
     const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
     int stage = 0, slot = 0;
     u32 phase = 0;
+    int buffer = 0;  // the scale chunk buffer the next chunk lies in (Layout::kChunkedScales)
     for (;; slot = L::slot_after(slot, L::kShortTwin ? units[slot].tiles : L::kUnitTiles)) {
       ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
       const int tokens = L::kOverhang > 0 && units[slot].rows > BN ? L::kUnitTokens : BN;  // the scales its stages load
-      for (int kb = range & 0xffff; kb < (int)(range >> 16); ++kb) {
+      const int kb_end = (int)(range >> 16);
+      int at = 0;  // the stage's k-block in its scale chunk
+      for (int kb = range & 0xffff; kb < kb_end; ++kb) {
         u8* dst = smem + stage * L::kStageBytes + L::kSfAt;
         ring_wait(&full[stage], phase, smem + L::kRingErrorAt);
+        // Chunked scales: a stage's bytes lie in its chunk, not in the stage.
+        const u8* bytes = L::kChunkedScales ? smem + L::kScaleChunksAt + buffer * L::kScaleChunkBytes + at * BN : dst;
         for (int i = lane; i < tokens; i += 32)
-          ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(dst[i]);
+          ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(bytes[i]);
         mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
+        if constexpr (L::kChunkedScales) {
+          // The chunk's last stage gives its buffer back to the producer (each lane after its reads).
+          if (++at == L::kScaleChunkBlocks || kb + 1 == kb_end) {
+            mbar_arrive((u64*)(smem + L::kScaleEmptyAt) + buffer);
+            buffer ^= 1;
+            at = 0;
+          }
+        }
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }
     }
@@ -1635,7 +1693,7 @@ struct Gemm {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int s = 0; s < 3 * L::kStages; ++s) mbar_inval((u64*)(smem + L::kFullAt) + s);
+      for (int b = 0; b < L::kBarriers; ++b) mbar_inval((u64*)(smem + L::kFullAt) + b);
       if constexpr (kHandoff) {
         mbar_inval((u64*)(smem + L::kHandoffFullAt));
         mbar_inval((u64*)(smem + L::kHandoffEmptyAt));

@@ -734,9 +734,23 @@ impl Pipeline {
         // The maps cover every row of the pools; a tile past its expert's rows reads rows whose
         // results are never stored.
         let rows = s.pool_rows;
-        let (l1_act_maps, _) = p1.tensor_maps(own.l1_act, rows, s.hidden, 0, 2 * s.intermediate)?;
-        let (l2_act_maps, l2_out_map) =
-            p2.tensor_maps(l2_act, rows, s.intermediate, l2_out, s.hidden)?;
+        let sf_stride = s.sf_stride();
+        let (l1_act_maps, _) = p1.tensor_maps(
+            own.l1_act,
+            Some((own.l1_sf, sf_stride)),
+            rows,
+            s.hidden,
+            0,
+            2 * s.intermediate,
+        )?;
+        let (l2_act_maps, l2_out_map) = p2.tensor_maps(
+            l2_act,
+            Some((l2_sf, sf_stride)),
+            rows,
+            s.intermediate,
+            l2_out,
+            s.hidden,
+        )?;
         let mut config =
             LaunchConfig::linear(core.grid, THREADS).dynamic_smem(core.smem_bytes as u32);
         if core.cluster > 1 {

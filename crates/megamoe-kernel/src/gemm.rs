@@ -208,6 +208,10 @@ const fn epilogue_bytes(
 }
 /// Bytes of a unit descriptor in the producer's ring (`UnitDesc`).
 const UNIT_DESC_BYTES: usize = 48;
+/// k128 blocks of token scales one copy loads on FP8 two-CTA tiles (`Layout::kScaleChunkBlocks`;
+/// [`TilePlan::chunks_scales`]), and the buffers they take turns in (`Layout::kScaleChunks`).
+const SCALE_CHUNK_BLOCKS: usize = 64;
+const SCALE_CHUNKS: usize = 2;
 /// Rows of a short twin unit's block at most (`Layout::kShortTwinRows`), the rows of its
 /// activation box.
 const SHORT_TWIN_ROWS: usize = 64;
@@ -216,23 +220,30 @@ const SHORT_TWIN_ROWS: usize = 64;
 const OVERHANG_ROWS: usize = 16;
 
 /// A layer's activation maps as the kernels take them (`ActMaps` in `cuda/sm90_moe_gemm.cuh`, one
-/// parameter): the tile's, the short blocks' (a box of [`SHORT_TWIN_ROWS`] rows) and the overhang
-/// rows' (a box of [`OVERHANG_ROWS`] rows); plans without short twins or overhangs get the tile's
-/// again there, unread.
+/// parameter): the tile's, the short blocks' (a box of [`SHORT_TWIN_ROWS`] rows), the overhang
+/// rows' (a box of [`OVERHANG_ROWS`] rows) and the token scales' (chunks of [`SCALE_CHUNK_BLOCKS`]
+/// k-blocks by the tile's rows); plans without short twins, overhangs or scale chunks get the
+/// tile's again there, unread.
 #[derive(Debug, Clone, Copy)]
 pub struct ActMaps {
     pub tile: TensorMap,
     pub short_block: TensorMap,
     pub overhang: TensorMap,
+    pub scales: TensorMap,
 }
 
 impl ActMaps {
     /// The parameter's bytes.
-    pub fn to_bytes(&self) -> [u8; 384] {
-        let mut bytes = [0; 384];
-        bytes[..128].copy_from_slice(&self.tile.to_bytes());
-        bytes[128..256].copy_from_slice(&self.short_block.to_bytes());
-        bytes[256..].copy_from_slice(&self.overhang.to_bytes());
+    pub fn to_bytes(&self) -> [u8; 512] {
+        let mut bytes = [0; 512];
+        for (place, map) in bytes.chunks_exact_mut(128).zip([
+            self.tile,
+            self.short_block,
+            self.overhang,
+            self.scales,
+        ]) {
+            place.copy_from_slice(&map.to_bytes());
+        }
         bytes
     }
 }
@@ -429,14 +440,31 @@ impl TilePlan {
 
     /// Bytes of one pipeline stage (`Layout::kStageBytes`): the activation box (and the overhang
     /// rows'), each weight tile's codes and meta, and on the FP8 route the token scales (padded to
-    /// 128) and the converter warp's floats.
+    /// 128; in their chunks instead where [`Self::chunks_scales`]) and the converter warp's floats.
     fn stage_bytes_of(&self) -> usize {
         let bn = self.unit_tokens();
         let (act, sf) = match self.mma {
+            Mma::Fp8 if self.chunks_scales() => (bn * 128, bn * 4),
             Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
             Mma::Bf16 => (bn * 128 * 2, 0),
         };
         (act + self.stage_tiles() * WEIGHT_BLOCK_BYTES + sf).next_multiple_of(1024)
+    }
+
+    /// Whether the producer loads the token scales a chunk of [`SCALE_CHUNK_BLOCKS`] k-blocks at a
+    /// time (`Layout::kChunkedScales`: FP8 two-CTA tiles, whose stages are short enough that the
+    /// producer thread's copy a stage is on the critical path).
+    pub fn chunks_scales(&self) -> bool {
+        self.mma == Mma::Fp8 && self.ctas_per_sm == 2
+    }
+
+    /// Shared memory of the scale chunks' buffers (`Layout::kScaleChunksBytes`).
+    fn scale_chunks_bytes(&self) -> usize {
+        if self.chunks_scales() {
+            SCALE_CHUNKS * SCALE_CHUNK_BLOCKS * self.tokens_per_tile
+        } else {
+            0
+        }
     }
 
     /// The same tile with as many stages as fit next to its epilogue's shared memory.
@@ -448,7 +476,8 @@ impl TilePlan {
                 self.ctas_per_sm,
                 self.unit_tokens(),
                 self.epilogue,
-            ))
+            )
+            - self.scale_chunks_bytes())
             / stage_bytes)
             .min(MAX_STAGES);
         Self {
@@ -557,19 +586,25 @@ impl TilePlan {
         }
     }
 
-    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the epilogue's
-    /// (`epilogue_bytes`), three mbarriers a stage (padded to 16 B), 144 B of FP8 fold tables
-    /// (and the launch's item count and the ring's error word address), and the producer's ring of
-    /// unit descriptors.
+    /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the scale chunks'
+    /// buffers, the epilogue's (`epilogue_bytes`), three mbarriers a stage and one a scale chunk
+    /// buffer (padded to 16 B), 144 B of FP8 fold tables (and the launch's item count and the
+    /// ring's error word address), and the producer's ring of unit descriptors.
     pub fn smem_bytes(&self) -> usize {
+        let chunk_buffers = if self.chunks_scales() {
+            SCALE_CHUNKS
+        } else {
+            0
+        };
         1024 + self.stages * self.stage_bytes
+            + self.scale_chunks_bytes()
             + epilogue_bytes(
                 self.mma,
                 self.ctas_per_sm,
                 self.unit_tokens(),
                 self.epilogue,
             )
-            + (24 * self.stages).next_multiple_of(16)
+            + (8 * (3 * self.stages + chunk_buffers)).next_multiple_of(16)
             + 144
             + UNIT_DESC_BYTES * self.unit_tiles() * (self.stages + self.unit_slots_beyond_stages())
     }
@@ -668,15 +703,18 @@ impl TilePlan {
         })
     }
 
-    /// The launch's tensor maps over a pool of `rows` rows of K at `act` and its output of `rows`
-    /// rows of `n` at `out`: the activations ([`ActMaps`]: one box = 128 bytes of K by BN rows,
-    /// 128-byte swizzled: the WGMMA B-operand tile; with short twin units a second map of 64-row
-    /// boxes, with overhang units a third of 16-row boxes), and the epilogue's box (BF16 out of
-    /// FP8 one-CTA tiles: a consumer warpgroup's 64 outputs of BN tokens, in the layout its shared
-    /// buffer holds them; other plans get the activations' map again, unread).
+    /// The launch's tensor maps over a pool of `rows` rows of K at `act` (FP8: its scale table
+    /// `[K/128][stride]` at `scales`' address and row stride) and its output of `rows` rows of `n`
+    /// at `out`: the activations ([`ActMaps`]: one box = 128 bytes of K by BN rows, 128-byte
+    /// swizzled: the WGMMA B-operand tile; with short twin units a second map of 64-row boxes, with
+    /// overhang units a third of 16-row boxes, with scale chunks a fourth over the scale table),
+    /// and the epilogue's box (BF16 out of FP8 one-CTA tiles: a consumer warpgroup's 64 outputs of
+    /// BN tokens, in the layout its shared buffer holds them; other plans get the activations' map
+    /// again, unread).
     pub fn tensor_maps(
         &self,
         act: u64,
+        scales: Option<(u64, usize)>,
         rows: usize,
         k: usize,
         out: u64,
@@ -711,6 +749,17 @@ impl TilePlan {
                 act_map(self.overhang_rows())?
             } else {
                 map
+            },
+            scales: match scales {
+                Some((sf, stride)) if self.chunks_scales() => TensorMapDesc::matrix(
+                    TmaDataType::U8,
+                    sf,
+                    [k / BLOCK_K as u64, stride as u64],
+                    stride as u64,
+                    [SCALE_CHUNK_BLOCKS as u32, bn],
+                )
+                .encode()?,
+                _ => map,
             },
         };
         let out_map =
@@ -1152,9 +1201,14 @@ impl GemmCore {
                 Some(out.params(self.spill.device_ptr_mut(stream).0, 0)),
             ),
         };
-        let (act_maps, out_map) =
-            self.plan
-                .tensor_maps(pool.act.ptr(), pool.rows, weights.k, out_addr, weights.n)?;
+        let (act_maps, out_map) = self.plan.tensor_maps(
+            pool.act.ptr(),
+            pool.act_sf.map(|sf| (sf.ptr(), pool.sf_stride)),
+            pool.rows,
+            weights.k,
+            out_addr,
+            weights.n,
+        )?;
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
         let (tickets, _g9) = if self.plan.schedules_dynamically() {

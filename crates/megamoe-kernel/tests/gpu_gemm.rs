@@ -416,6 +416,31 @@ fn split_tails_match_the_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn token_scales_in_several_chunks_match_the_reference() {
+    // FP8 two-CTA tiles load a unit's token scales 64 k-blocks at a time into two buffers in turn
+    // (Layout::kChunkedScales): K of 150 blocks is three chunks a unit (64, 64, 22), its split
+    // parts start and end inside chunks, and a CTA's buffers turn over many times; two launches.
+    let (gpu, jit) = setup();
+    for bn in [16, 32] {
+        for parts in [1, 2, 3] {
+            assert_matches(
+                &gpu,
+                &jit,
+                Case {
+                    tokens_per_tile: Some(bn),
+                    check_stride: Some(3),
+                    split_parts: Some(parts),
+                    launches: 2,
+                    ..Case::new(Recipe::G128, Mma::Fp8, &[5, 40, 0, 17], 256, 150 * 128, 13)
+                },
+                &format!("K = 150 blocks, {parts} parts"),
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn dynamic_schedule_matches_the_reference() {
     // One-CTA tiles drawn from a counter (the two-CTA ones: split_tails_match_the_reference),
     // BF16 without its default clusters so that it draws too: fewer items than CTAs and many
