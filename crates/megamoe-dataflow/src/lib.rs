@@ -19,9 +19,9 @@
 //!    block's arrival mask; an L2 block waits for the full mask and writes BF16 results into the
 //!    source rank's combine slot `[j][t]` its row's `RowMeta` names — with one rank it also
 //!    counts each row at (token, n-block), and the block that stores the last of a token's
-//!    routed slots there sums them into y (the dataflow of the fused kernel's combining
-//!    epilogue, perf.md v98, which puts other ranks' rows straight into their combine slots as
-//!    this engine does); global barrier;
+//!    routed slots there sums them into y (the dataflow perf.md v98 prepared for the fused
+//!    kernel's L2 epilogue; measured there in v100, the GPU's few epilogue warps could not carry
+//!    the sums, so the fused kernel keeps its reduction stage); global barrier;
 //! 4. combine: per token, valid slots in increasing j, f32 sum, BF16 (one rank: the sums' copy).
 //!
 //! The dispatch's arrival counters are what the GPU pipeline does not have yet (it meets at a

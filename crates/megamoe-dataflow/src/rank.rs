@@ -3,7 +3,8 @@
 //! owner's pools from the table; dispatch threads push their tokens' rows into the owners' L1
 //! pools while GEMM workers walk the wave schedule, every block waiting on its own arrival
 //! counter or mask — with one rank, the L2 block that stores the last of a token's slots in its
-//! columns sums them into y, the dataflow of the fused kernel's combining epilogue (perf.md v98);
+//! columns sums them into y (the dataflow perf.md v98 prepared for the fused kernel's L2, slower
+//! there: v100);
 //! a global barrier; the leader resets the rank's arrival counters for the next call while every
 //! thread combines its share of the rank's tokens (one rank: copies their sums out).
 
