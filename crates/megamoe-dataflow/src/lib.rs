@@ -17,17 +17,12 @@
 //!    n-block) waits for its rows, computes gate and up of its channels, runs the SwiGLU
 //!    epilogue with each row's top-k weight, re-quantizes into the L2 pool and sets its bit of the
 //!    block's arrival mask; an L2 block waits for the full mask and writes BF16 results into the
-//!    source rank's combine slot `[j][t]` its row's `RowMeta` names — with one rank it also
-//!    counts each row at (token, n-block), and the block that stores the last of a token's
-//!    routed slots there sums them into y (the dataflow perf.md v98 prepared for the fused
-//!    kernel's L2 epilogue; measured there in v100, the GPU's few epilogue warps could not carry
-//!    the sums, so the fused kernel keeps its reduction stage); global barrier;
-//! 4. combine: per token, valid slots in increasing j, f32 sum, BF16 (one rank: the sums' copy).
+//!    source rank's combine slot `[j][t]` its row's `RowMeta` names; global barrier;
+//! 4. combine: per token, valid slots in increasing j, f32 sum, BF16.
 //!
-//! The dispatch's arrival counters are what the GPU pipeline does not have yet (it meets at a
-//! cross-rank barrier after dispatch); they, the L2 masks (the GPU's per-16-row counts) and the
-//! sums' counts and y are regions of the engine's own past the protocol's, reached through the
-//! same symmetric view. All per-row math is [`megamoe_problems::reference`]'s (same
+//! The arrival counters and masks are what the GPU pipeline does not have yet (it meets at a
+//! cross-rank barrier after dispatch): regions of the engine's own past the protocol's, reached
+//! through the same symmetric view. All per-row math is [`megamoe_problems::reference`]'s (same
 //! GEMM sums, epilogue, rounding, combine), so results are bitwise equal to
 //! [`reference::forward`](megamoe_problems::reference::forward). Plans that do not fit the
 //! pools are refused with the protocol's capacity error before any thread starts; every wait is
@@ -280,11 +275,7 @@ impl DataflowEngine {
         Ok(DataflowEngine {
             config: *config,
             shape,
-            layout: EngineLayout::new(
-                &shape,
-                l1_n_blocks(config) as usize,
-                config.hidden / L2_BLOCK_N as usize,
-            ),
+            layout: EngineLayout::new(&shape, l1_n_blocks(config) as usize),
             options,
             buffers: KeptBuffers::default(),
         })

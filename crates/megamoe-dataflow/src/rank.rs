@@ -2,11 +2,8 @@
 //! routes per expert into every rank's counts table; the ranks meet; every thread plans every
 //! owner's pools from the table; dispatch threads push their tokens' rows into the owners' L1
 //! pools while GEMM workers walk the wave schedule, every block waiting on its own arrival
-//! counter or mask — with one rank, the L2 block that stores the last of a token's slots in its
-//! columns sums them into y (the dataflow perf.md v98 prepared for the fused kernel's L2, slower
-//! there: v100);
-//! a global barrier; the leader resets the rank's arrival counters for the next call while every
-//! thread combines its share of the rank's tokens (one rank: copies their sums out).
+//! counter or mask; a global barrier; the leader resets the rank's arrival counters for the next
+//! call while every thread combines its share of the rank's tokens.
 
 use super::EngineError;
 use super::world::{RankThread, Stop};
@@ -60,16 +57,12 @@ pub(super) fn run(
         None => dispatch(job, me, &plans, me.thread),
         Some(worker) => gemm(job, me, &plans[me.rank], worker)?,
     }
-    // Every combine slot of every rank is written (one rank: every sum).
+    // Every combine slot of every rank is written.
     me.global_barrier()?;
     if me.is_leader() {
         reset_arrivals(job, me, &plans[me.rank]);
     }
-    if me.world.num_ranks() == 1 {
-        copy_sums(job, me, y, first_token);
-    } else {
-        combine(job, me, y, first_token);
-    }
+    combine(job, me, y, first_token);
     Ok(())
 }
 
@@ -335,12 +328,10 @@ fn l2_block(job: &Job, me: &RankThread, plan: &PoolPlan, block: &Block) -> Resul
         col0..col0 + cols_per_block,
         Exec::Here,
     );
-    let sums = world.num_ranks() == 1;
     for (row, meta) in metas.iter().enumerate() {
         let start = (meta.slot as usize * t_max + meta.token as usize) * h + col0;
         // SAFETY: slot (token, j) of the source rank is written only by this pool row's L2
-        // blocks, each its own columns, and read after the final barrier (one rank: after its
-        // count, below).
+        // blocks, each its own columns, and read only after the final barrier.
         let out = unsafe {
             world.write::<bf16>(
                 r,
@@ -352,62 +343,8 @@ fn l2_block(job: &Job, me: &RankThread, plan: &PoolPlan, block: &Block) -> Resul
         for (col, o) in out.iter_mut().enumerate() {
             *o = acc.bf16(row, col);
         }
-        if sums {
-            sum_if_last(
-                job,
-                me,
-                meta.token as usize,
-                block.n_block as usize,
-                col0..col0 + cols_per_block,
-            );
-        }
     }
     Ok(())
-}
-
-/// One rank, after a row of `token` is stored in columns `cols` (L2 n-block `n`): the row counts
-/// at (token, n) — release: its slot's columns are out — and the row that completes the token's
-/// routed slots (acquire: so are the others') sums them into y, valid slots in increasing j with
-/// the reference's steps, and puts the count back to 0 for the next call.
-fn sum_if_last(job: &Job, me: &RankThread, token: usize, n: usize, cols: Range<usize>) {
-    let (world, layout) = (me.world, me.world.layout);
-    let (h, k, t_max) = (job.config.hidden, job.config.top_k, job.shape.max_tokens);
-    let n_blocks = job.schedule.l2_n_blocks as usize;
-    let idx = &job.inputs[0].topk_idx[token * k..(token + 1) * k];
-    let slots = reference::valid_slots(idx).count() as u32;
-    let count = &world.u32s(0, 0, &layout.combine_counts)[token * n_blocks + n];
-    if count.fetch_add(1, Ordering::AcqRel) + 1 != slots {
-        return;
-    }
-    count.store(0, Ordering::Relaxed);
-    let mut acc = vec![0f32; cols.len()];
-    let rows = reference::valid_slots(idx).map(|j| {
-        let start = (j * t_max + token) * h;
-        // SAFETY: every routed slot of the token has stored these columns (acquired through
-        // the count), and nothing writes them again in this call.
-        unsafe {
-            world.read::<bf16>(
-                0,
-                0,
-                &layout.peer.combine,
-                start + cols.start..start + cols.end,
-            )
-        }
-    });
-    reference::combine_token(rows, bf16::to_f32, &mut acc);
-    // SAFETY: these columns of the token's y row are written by this call alone (the one row
-    // that completed the count) and read after the final barrier.
-    let y = unsafe {
-        world.write::<bf16>(
-            0,
-            0,
-            &layout.y,
-            token * h + cols.start..token * h + cols.end,
-        )
-    };
-    for (o, &a) in y.iter_mut().zip(&acc) {
-        *o = bf16::from_f32(a);
-    }
 }
 
 /// The end of a call: the arrival counters and masks of this rank's blocks back to zero for the
@@ -428,24 +365,6 @@ fn reset_arrivals(job: &Job, me: &RankThread, plan: &PoolPlan) {
                 .iter()
                 .for_each(|m| m.store(0, Ordering::Relaxed));
         }
-    }
-}
-
-/// One rank: this thread's tokens' sums, from the L2 blocks' y; a token without a routed slot is
-/// in no block, and its row stays the zeros the call's y starts as (the reduction's sum of none).
-fn copy_sums(job: &Job, me: &RankThread, y: &mut [bf16], first_token: usize) {
-    let (world, layout) = (me.world, me.world.layout);
-    let (h, k) = (job.config.hidden, job.config.top_k);
-    let tokens = first_token..first_token + y.len() / h;
-    let topk = &job.inputs[0].topk_idx[tokens.start * k..tokens.end * k];
-    for ((token, y_row), idx) in tokens.zip(y.chunks_exact_mut(h)).zip(topk.chunks_exact(k)) {
-        if reference::valid_slots(idx).next().is_none() {
-            continue;
-        }
-        // SAFETY: every sum was written before the final barrier; nothing writes after it.
-        y_row.copy_from_slice(unsafe {
-            world.read::<bf16>(0, 0, &layout.y, token * h..(token + 1) * h)
-        });
     }
 }
 

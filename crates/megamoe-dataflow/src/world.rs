@@ -46,29 +46,15 @@ pub struct EngineLayout {
     /// pipeline's own buffer on the GPU), written by the SwiGLU epilogue of the rank's L1 blocks.
     pub l2_act: PeerRegion,
     pub l2_sf: PeerRegion,
-    /// One rank: `[T_max][H / L2_BLOCK_N]` u32, per token and L2 n-block the slots stored so far
-    /// (the fused kernel's `combine_stored`); the L2 block that stores the last of a token's
-    /// slots there sums them. Put back to 0 by that block. Empty with several ranks.
-    pub combine_counts: PeerRegion,
-    /// One rank: `[T_max][H]` BF16, y as the L2 blocks sum it (the call copies it out). Empty with
-    /// several ranks.
-    pub y: PeerRegion,
     /// Bytes to allocate per rank.
     pub bytes: usize,
 }
 
 impl EngineLayout {
-    /// The layout of `shape`, whose L1 blocks split 2I into `l1_n_blocks` and L2 blocks H into
-    /// `l2_n_blocks`.
-    pub fn new(shape: &PipelineShape, l1_n_blocks: usize, l2_n_blocks: usize) -> Self {
+    /// The layout of `shape`, whose L1 blocks split 2I into `l1_n_blocks`.
+    pub fn new(shape: &PipelineShape, l1_n_blocks: usize) -> Self {
         let peer = shape.peer_layout();
         let (rows, i, g) = (shape.pool_rows, shape.intermediate, shape.recipe.group());
-        // The sums in the L2 blocks: with one rank only, as the fused kernel takes them.
-        let summed_tokens = if shape.num_ranks == 1 {
-            shape.max_tokens
-        } else {
-            0
-        };
         let mask_words = l1_n_blocks.div_ceil(64);
         let mut end = peer.bytes;
         let mut region = |bytes: usize| {
@@ -81,8 +67,6 @@ impl EngineLayout {
         let l2_arrivals = region(rows * mask_words * size_of::<u64>());
         let l2_act = region(rows * i);
         let l2_sf = region(rows * i / g);
-        let combine_counts = region(summed_tokens * l2_n_blocks * size_of::<u32>());
-        let y = region(summed_tokens * shape.hidden * size_of::<u16>());
         EngineLayout {
             peer,
             grid,
@@ -91,8 +75,6 @@ impl EngineLayout {
             mask_words,
             l2_act,
             l2_sf,
-            combine_counts,
-            y,
             bytes: end.next_multiple_of(PEER_REGION_ALIGN),
         }
     }
@@ -470,7 +452,7 @@ mod tests {
             None,
         )
         .unwrap();
-        EngineLayout::new(&shape, 2, 1)
+        EngineLayout::new(&shape, 2)
     }
 
     fn world(layout: &EngineLayout, ranks: usize, timeout: Duration) -> World<'_> {
@@ -479,28 +461,20 @@ mod tests {
 
     #[test]
     fn engine_regions_follow_the_protocols() {
-        for ranks in [1, 3] {
-            let layout = layout(ranks);
-            let regions = [
-                layout.grid,
-                layout.l1_arrivals,
-                layout.l2_arrivals,
-                layout.l2_act,
-                layout.l2_sf,
-                layout.combine_counts,
-                layout.y,
-            ];
-            let mut end = layout.peer.bytes;
-            for region in regions {
-                assert!(region.offset >= end && region.offset.is_multiple_of(PEER_REGION_ALIGN));
-                end = region.end();
-            }
-            assert!(layout.bytes >= end && layout.bytes.is_multiple_of(PEER_REGION_ALIGN));
-            // The sums' regions only with one rank: 4 tokens, one L2 n-block, H = 128.
-            let summed = if ranks == 1 { 4 } else { 0 };
-            assert_eq!(layout.combine_counts.bytes, summed * 4);
-            assert_eq!(layout.y.bytes, summed * 128 * 2);
+        let layout = layout(3);
+        let regions = [
+            layout.grid,
+            layout.l1_arrivals,
+            layout.l2_arrivals,
+            layout.l2_act,
+            layout.l2_sf,
+        ];
+        let mut end = layout.peer.bytes;
+        for region in regions {
+            assert!(region.offset >= end && region.offset.is_multiple_of(PEER_REGION_ALIGN));
+            end = region.end();
         }
+        assert!(layout.bytes >= end && layout.bytes.is_multiple_of(PEER_REGION_ALIGN));
     }
 
     #[test]

@@ -272,8 +272,7 @@ fn overflow_l1(p: &mut Problem) {
 /// One engine, one set of buffers, many calls, as the kernel's symmetric buffer serves call after
 /// call: every call copies its inputs in and must find the counters reset and the barrier words
 /// settled by the call before — different token counts, ranks without tokens, a hot expert, and
-/// a call that fails (its buffers are dropped, the next call gets fresh ones). One rank (the L2
-/// blocks take the sums, and their counts go back to 0) and four.
+/// a call that fails (its buffers are dropped, the next call gets fresh ones). One rank and four.
 #[rstest]
 fn one_engine_serves_many_calls(#[values(1, 4)] ranks: usize) {
     // No clamp, so that overflowing L1 sums reach the check that fails a call.
