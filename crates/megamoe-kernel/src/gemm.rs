@@ -458,13 +458,18 @@ impl TilePlan {
         self.mma == Mma::Fp8 && self.ctas_per_sm == 2
     }
 
-    /// Shared memory of the scale chunks' buffers (`Layout::kScaleChunksBytes`).
-    fn scale_chunks_bytes(&self) -> usize {
+    /// The scale chunks' buffers (`Layout::kScaleChunks`), each with an mbarrier.
+    fn scale_chunk_buffers(&self) -> usize {
         if self.chunks_scales() {
-            SCALE_CHUNKS * SCALE_CHUNK_BLOCKS * self.tokens_per_tile
+            SCALE_CHUNKS
         } else {
             0
         }
+    }
+
+    /// Shared memory of the scale chunks' buffers (`Layout::kScaleChunksBytes`).
+    fn scale_chunks_bytes(&self) -> usize {
+        self.scale_chunk_buffers() * SCALE_CHUNK_BLOCKS * self.tokens_per_tile
     }
 
     /// The same tile with as many stages as fit next to its epilogue's shared memory.
@@ -591,11 +596,6 @@ impl TilePlan {
     /// buffer (padded to 16 B), 144 B of FP8 fold tables (and the launch's item count and the
     /// ring's error word address), and the producer's ring of unit descriptors.
     pub fn smem_bytes(&self) -> usize {
-        let chunk_buffers = if self.chunks_scales() {
-            SCALE_CHUNKS
-        } else {
-            0
-        };
         1024 + self.stages * self.stage_bytes
             + self.scale_chunks_bytes()
             + epilogue_bytes(
@@ -604,7 +604,7 @@ impl TilePlan {
                 self.unit_tokens(),
                 self.epilogue,
             )
-            + (8 * (3 * self.stages + chunk_buffers)).next_multiple_of(16)
+            + (8 * (3 * self.stages + self.scale_chunk_buffers())).next_multiple_of(16)
             + 144
             + UNIT_DESC_BYTES * self.unit_tiles() * (self.stages + self.unit_slots_beyond_stages())
     }
