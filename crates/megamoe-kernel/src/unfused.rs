@@ -641,12 +641,21 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Poisons y, the combine buffer and the L1/L2 outputs again (tests: every element must be
-    /// rewritten by the next forward).
+    /// Poisons everything a forward writes before it reads it — y, the combine buffer, both pools
+    /// (rows, scales, staged rows, RowMeta) and the L2's output — with 0xff bytes (NaN in E4M3,
+    /// BF16 and FP32; −1 in the metadata): a test's next forward must rewrite every element it
+    /// reads, so a stage that reads its input before the stage before it has stored it cannot
+    /// pass on the previous forward's values.
     pub fn poison(&mut self, gpu: &Gpu) -> Result<(), UnfusedError> {
         gpu.memset(&mut self.y, 0xff)?;
-        // Peers write into the combine buffer only between a forward's dispatch and its last barrier.
-        self.fill_own(gpu, self.layout.combine, 0xff)?;
+        // Peers write into this rank's regions only between a forward's meeting before the
+        // dispatch and its last barrier.
+        let l = self.layout;
+        for region in [l.l1_act, l.l1_sf, l.l1_staged, l.meta, l.combine] {
+            self.fill_own(gpu, region, 0xff)?;
+        }
+        gpu.memset(&mut self.l2_act, 0xff)?;
+        gpu.memset(&mut self.l2_sf, 0xff)?;
         gpu.memset(&mut self.l2_out, 0xff)?;
         Ok(())
     }
