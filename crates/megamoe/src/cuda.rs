@@ -616,6 +616,10 @@ impl CudaRank {
         self.world.local_gpu().device_allocations()
     }
 
+    /// Fills y and every buffer a forward writes before it reads it with 0xff bytes
+    /// (`Pipeline::poison`; tests): the next forward must rewrite all it reads, so a stage reading
+    /// rows the stage before it has not stored yet shows as NaN or a difference, not as the last
+    /// forward's values.
     pub fn poison(&mut self) -> Result<(), CudaError> {
         let gpu = self.world.local_gpu();
         self.pipe.poison(gpu)?;
