@@ -2,7 +2,9 @@
 # Rebuilds session 38's device bundle from main on a fresh checkout: .device/s38c.tgz with
 # main/, hs/ and hs2/ (each a `cargo xtask gpu-bundle` folder), and .device/s38c.sh + bench_table.py.
 # hs = main + the s36 dispatch under the L1 + its head start + the s37 row-wait events + the s38
-# fix (the L1 polls its rows); hs2 = hs + the dispatch in steps. ≈ 20 min on 2 cores.
+# fix (the L1 polls its rows); hs2 = hs + the dispatch in steps. ≈ 20 min on 2 cores. The variants
+# build in a target folder of their own: sharing main's would leave its xtask binary the variant
+# worktree's, which names a folder that is gone.
 #   bash docs/runs/2026-12-05-s38-pack.sh      then: run `bash .device/s38c.sh` (carry ".device")
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
@@ -17,14 +19,12 @@ ln -s "$root/.cuda" "$wt/v/.cuda"
 for i in "${!patches[@]}"; do
   git -C "$wt/v" apply "$root/$runs-${patches[$i]}.patch"
   case $i in
-    3) (cd "$wt/v" && CARGO_TARGET_DIR="$root/target" cargo xtask gpu-bundle >/dev/null) && cp -r "$wt/v/.gpu-bundle" "$pack/hs" ;;
-    4) (cd "$wt/v" && CARGO_TARGET_DIR="$root/target" cargo xtask gpu-bundle >/dev/null) && cp -r "$wt/v/.gpu-bundle" "$pack/hs2" ;;
+    3) (cd "$wt/v" && CARGO_TARGET_DIR="$root/target/s38-variants" cargo xtask gpu-bundle >/dev/null) && cp -r "$wt/v/.gpu-bundle" "$pack/hs" ;;
+    4) (cd "$wt/v" && CARGO_TARGET_DIR="$root/target/s38-variants" cargo xtask gpu-bundle >/dev/null) && cp -r "$wt/v/.gpu-bundle" "$pack/hs2" ;;
   esac
 done
 git worktree remove --force "$wt/v"
 mkdir -p .device
 tar czf .device/s38c.tgz -C "$pack" .
 cp $runs-s38c.sh .device/s38c.sh; cp $runs-s38-bench_table.py .device/bench_table.py
-# Each rebuild of main's target dir leaves main's own bundle last: make it main's again.
-cargo xtask gpu-bundle >/dev/null
 du -sh .device/s38c.tgz
