@@ -2,7 +2,7 @@
 # Rebuilds session 38's device bundle from main on a fresh checkout: .device/s38c.tgz with
 # main/, hs/ and hs2/ (each a `cargo xtask gpu-bundle` folder), and .device/s38c.sh + bench_table.py.
 # hs = main + the s36 dispatch under the L1 + its head start + the s37 row-wait events + the s38
-# fix (the L1 polls its rows); hs2 = hs + the dispatch in steps. ≈ 20 min on 2 cores. The variants
+# fix (the L1 polls its rows); hs2 = hs + the dispatch in steps. ≈ 7 min on 2 cores. The variants
 # build in a target folder of their own: sharing main's would leave its xtask binary the variant
 # worktree's, which names a folder that is gone.
 #   bash docs/runs/2026-12-05-s38-pack.sh      then: run `bash .device/s38c.sh` (carry ".device")
