@@ -13,6 +13,7 @@ runs=docs/runs/2026-12-05
 patches=(s36-dispatch-under-l1-after-sc s36-dispatch-head-start-after-dispatch-under-l1
   s37-row-wait-events-after-head-start s38-l1-polls-its-rows-after-row-wait-events s38-dispatch-steps-after-l1-polls)
 pack=$(mktemp -d); wt=$(mktemp -d)
+trap 'rm -rf "$pack" "$wt"' EXIT
 cargo xtask gpu-bundle >/dev/null && cp -r .gpu-bundle "$pack/main"
 git worktree add --detach "$wt/v" HEAD >/dev/null
 ln -s "$root/.cuda" "$wt/v/.cuda"
