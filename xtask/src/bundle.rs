@@ -72,6 +72,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     if bundled == 0 {
         bail!("no test binary has ignored (GPU) tests");
     }
+    check_device_sources(root, &dir)?;
     sanitize::check_entries(&gpu_tests)?;
     for (name, text) in [
         ("run.sh", RUN_SH.replace("@GPU_ENV@\n", GPU_ENV)),
@@ -189,6 +190,55 @@ fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Every bundled executable that holds one of the workspace's CUDA sources (`crates/*/cuda/*`: found
+/// by its first line, the top-of-file comment) holds it as this checkout has it. Cargo names a
+/// workspace package's outputs by its path inside the workspace, so two checkouts that share a
+/// target folder overwrite each other's binaries, and the one whose sources are older takes the
+/// other's as fresh: a bundle built so would time and test another checkout's kernels under this
+/// one's name (perf.md v103).
+fn check_device_sources(root: &Path, dir: &Path) -> Result<()> {
+    let mut sources = Vec::new();
+    for crate_dir in fs::read_dir(root.join("crates"))? {
+        let cuda = crate_dir?.path().join("cuda");
+        if !cuda.is_dir() {
+            continue;
+        }
+        for file in fs::read_dir(&cuda)? {
+            let path = file?.path();
+            let text = fs::read(&path)?;
+            let first_line = text
+                .split(|&b| b == b'\n')
+                .next()
+                .unwrap_or_default()
+                .to_vec();
+            // A first line too short to name its file names none.
+            if first_line.len() >= 16 {
+                sources.push((path, first_line, text));
+            }
+        }
+    }
+    for sub in ["tests", "bin", "bench"] {
+        for exe in fs::read_dir(dir.join(sub))? {
+            let exe = exe?.path();
+            let bytes = fs::read(&exe)?;
+            for (path, first_line, text) in &sources {
+                if memchr::memmem::find(&bytes, first_line).is_some()
+                    && memchr::memmem::find(&bytes, text).is_none()
+                {
+                    bail!(
+                        "{} holds another version of {} than this checkout: its build came from another \
+                         checkout that shares this target folder (give each checkout a CARGO_TARGET_DIR \
+                         of its own, or touch the source and rebuild)",
+                        exe.display(),
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn make_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))?;
@@ -282,3 +332,46 @@ done
 echo "$passed passed, $failed failed, $skipped skipped"
 (( failed == 0 ))
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkout with one CUDA source, and a bundle whose one test binary embeds `embedded`.
+    fn checkout_and_bundle(embedded: &[u8]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.path().join("crates/k/cuda")).unwrap();
+        fs::write(
+            root.path().join("crates/k/cuda/k.cuh"),
+            "// k.cuh -- what this header owns\nint k = 2;\n",
+        )
+        .unwrap();
+        for sub in ["tests", "bin", "bench"] {
+            fs::create_dir_all(root.path().join(".gpu-bundle").join(sub)).unwrap();
+        }
+        let mut exe = b"\x7fELF ... ".to_vec();
+        exe.extend_from_slice(embedded);
+        fs::write(root.path().join(".gpu-bundle/tests/k.gpu"), exe).unwrap();
+        root
+    }
+
+    #[test]
+    fn a_bundle_with_this_checkouts_sources_passes() {
+        let root = checkout_and_bundle(b"// k.cuh -- what this header owns\nint k = 2;\n");
+        check_device_sources(root.path(), &root.path().join(".gpu-bundle")).unwrap();
+    }
+
+    #[test]
+    fn a_bundle_with_another_checkouts_version_of_a_source_is_refused() {
+        let root = checkout_and_bundle(b"// k.cuh -- what this header owns\nint k = 1;\n");
+        let err = check_device_sources(root.path(), &root.path().join(".gpu-bundle")).unwrap_err();
+        assert!(err.to_string().contains("k.gpu holds another version of"), "{err}");
+        assert!(err.to_string().contains("crates/k/cuda/k.cuh"), "{err}");
+    }
+
+    #[test]
+    fn a_bundle_that_embeds_no_source_passes() {
+        let root = checkout_and_bundle(b"no kernels here");
+        check_device_sources(root.path(), &root.path().join(".gpu-bundle")).unwrap();
+    }
+}
