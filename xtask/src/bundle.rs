@@ -365,7 +365,10 @@ mod tests {
     fn a_bundle_with_another_checkouts_version_of_a_source_is_refused() {
         let root = checkout_and_bundle(b"// k.cuh -- what this header owns\nint k = 1;\n");
         let err = check_device_sources(root.path(), &root.path().join(".gpu-bundle")).unwrap_err();
-        assert!(err.to_string().contains("k.gpu holds another version of"), "{err}");
+        assert!(
+            err.to_string().contains("k.gpu holds another version of"),
+            "{err}"
+        );
         assert!(err.to_string().contains("crates/k/cuda/k.cuh"), "{err}");
     }
 
