@@ -14,7 +14,8 @@
 //                an error stops every rank alike, each still meeting the others below);
 //   3. route     a CTA per expert (strided over the grid): each pair's pool row at its owner,
 //                the padding marks of this rank's pool; each CTA's first L1 weights into L2;
-//   4. dispatch  pairs over the grid: each token's row into its owner's L1 pool (peer stores);
+//   4. dispatch  tokens (pairs, when few) over the grid: each token's row into its owners' L1 pools
+//                (peer stores), read once for its slots;
 //                the ranks meet;
 //   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
 //                consumer warpgroups, the epilogue warps), its epilogue SwiGLU + clamp + top-k
@@ -175,7 +176,7 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
 
 // The glue stages. (Calls of their own, noinline, spill under the call convention's registers.)
 
-// 3. route: a CTA per expert; 4. dispatch: tokens (FP8 pools, when they fill the grid) or pairs over the grid.
+// 3. route: a CTA per expert; 4. dispatch: tokens (when they fill the grid) or pairs over the grid.
 template <int G, bool kL1Fp8Pool, int kUnroll>
 __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   RouteParams route = p.route;
@@ -183,19 +184,25 @@ __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   for (int e = blockIdx.x; e < p.count.num_experts; e += gridDim.x) route_expert<kThreads>(route, e);
   barriers::grid_barrier(p.grid_word);
   const int parts = max_parts<kUnroll>(p.dispatch.hidden / 16), tokens = forward_tokens(p), k = p.count.top_k;
-  if constexpr (kL1Fp8Pool) {
-    // Tokens enough for every warp: each row read once for its k slots; fewer (small T): a pair
-    // at a time, so that k times the warps share the work.
-    const bool whole = tokens * parts >= (int)gridDim.x * kWarps;
-    over_warps(whole ? tokens : route.pairs, parts, [&](int item, int t, int threads) {
-      const int token = whole ? item : item / k, j0 = whole ? 0 : item - token * k;
-      dispatch_slots_fp8<kUnroll>(p.dispatch, token, j0, whole ? k : j0 + 1, t, threads);
-    });
-  } else {
-    over_warps(route.pairs, parts, [&](int pair, int t, int threads) {
-      dispatch_pair_bf16<G, kUnroll>(p.dispatch, pair, t, threads);
-    });
-  }
+  // Tokens enough for every warp: each row read once for its k slots; fewer (small T): a pair at
+  // a time, so that k times the warps share the work. A BF16 pool's row (widened, twice the bytes
+  // stored) goes in kRowParts parts of its channels: a token a warp leaves the grid's last round
+  // mostly idle at T = 2048 (1.3 tokens a warp), and three parts gain 1-1.5 % there, where an FP8
+  // row's parts cost 0.5 % at T = 8192 (perf.md v104).
+  constexpr int kRowParts = !kL1Fp8Pool && kUnroll >= 8 ? 3 : 1;
+  const bool whole = tokens * parts >= (int)gridDim.x * kWarps;
+  over_warps(whole ? tokens * kRowParts : route.pairs, whole ? 1 : parts, [&](int item, int t, int threads) {
+    const int token = whole ? item / kRowParts : item / k, j0 = whole ? 0 : item - token * k, j1 = whole ? k : j0 + 1;
+    if (whole) {
+      t += (item - token * kRowParts) * 32;
+      threads = kRowParts * 32;
+    }
+    if constexpr (kL1Fp8Pool) {
+      dispatch_slots_fp8<kUnroll>(p.dispatch, token, j0, j1, t, threads);
+    } else {
+      dispatch_slots_bf16<G, kUnroll>(p.dispatch, token, j0, j1, t, threads);
+    }
+  });
   sm90::fence_proxy_async_global();
 }
 

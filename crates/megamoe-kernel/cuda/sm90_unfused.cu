@@ -33,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
   if constexpr (kL1Fp8Pool) {
     mm::unfused::dispatch_slots_fp8(p, blockIdx.x, 0, p.top_k, channel_thread(), channel_threads());
   } else {
-    mm::unfused::dispatch_pair_bf16<UF_G>(p, blockIdx.x, channel_thread(), channel_threads());
+    mm::unfused::dispatch_slots_bf16<UF_G>(p, blockIdx.x, 0, p.top_k, channel_thread(), channel_threads());
   }
 }
 

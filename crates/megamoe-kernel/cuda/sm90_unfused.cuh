@@ -308,43 +308,42 @@ __device__ __forceinline__ u32 widen2(u32 codes, float scale) {
 template <int G, bool kFp8Pool>
 constexpr bool kPoolFitsGroup = !kFp8Pool || G == 128;
 
-// One E4M3 row (canonical order) and its H/G scales -> the BF16 pool row in pool order, widened
-// with each word's own scale (G is 32 or 128): per 16 pool-order channels four canonical 4-byte
-// words, one of each scale block of the 128-channel block, and two 16-byte stores. Thread `thread`
-// of `threads` takes 16 channels at a time.
-// kUnroll: units a thread loads before it stores any (memory parallelism for callers with few
-// threads per SM, the fused kernel); 1 in the unfused launches.
-template <int G, int kUnroll = 1>
-__device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* dst, int h, int thread, int threads) {
-  for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
-    u32 q[kUnroll][4];
-    u8 e[kUnroll][4];
+// 16 pool-order channels of a BF16 pool row (a unit): four canonical 4-byte E4M3 words of the
+// 128-channel block, one of each scale block, and each word's scale (G is 32 or 128).
+struct WideUnit {
+  u32 q[4];
+  u8 e[4];
+};
+// The unit at pool-order channel c (a multiple of 16) of E4M3 row `src` (canonical order).
+template <int G>
+__device__ __forceinline__ WideUnit load_wide_unit(const u8* src, const u8* src_sf, int c) {
+  WideUnit w;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * threads * 16;
-      if (c >= h) break;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int from = (c & ~127) + pool_order::unit_source_byte((c & 127) / 16, b);
-        q[u][b] = *reinterpret_cast<const u32*>(src + from);
-        e[u][b] = src_sf[from / G];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * threads * 16;
-      if (c >= h) break;
-      u32 lo[4], hi[4];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float scale = fp::ue8m0_decode(e[u][b]);
-        lo[b] = widen2(q[u][b], scale);
-        hi[b] = widen2(q[u][b] >> 16, scale);
-      }
-      *reinterpret_cast<uint4*>(dst + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-      *reinterpret_cast<uint4*>(dst + c + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    }
+  for (int b = 0; b < 4; ++b) {
+    const int from = (c & ~127) + pool_order::unit_source_byte((c & 127) / 16, b);
+    w.q[b] = *reinterpret_cast<const u32*>(src + from);
+    w.e[b] = src_sf[from / G];
   }
+  return w;
+}
+// The unit widened with each word's own scale: 16 BF16 channels as two 16-byte stores at dst.
+__device__ __forceinline__ void store_wide_unit(const WideUnit& w, u16* dst) {
+  u32 lo[4], hi[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const float scale = fp::ue8m0_decode(w.e[b]);
+    lo[b] = widen2(w.q[b], scale);
+    hi[b] = widen2(w.q[b] >> 16, scale);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  *reinterpret_cast<uint4*>(dst + 8) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+}
+
+// One E4M3 row (canonical order) and its H/G scales -> the BF16 pool row in pool order, a unit
+// (16 channels) per thread at a time (the owner's unstage of a staged row).
+template <int G>
+__device__ __forceinline__ void widen_row(const u8* src, const u8* src_sf, u16* dst, int h, int thread, int threads) {
+  for (int c = thread * 16; c < h; c += threads * 16) store_wide_unit(load_wide_unit<G>(src, src_sf, c), dst + c);
 }
 
 // uf_route: global expert e, by all kThreads threads of one CTA (it meets with __syncthreads):
@@ -425,30 +424,67 @@ __device__ __forceinline__ void store_row_meta(const DispatchParams& p, int owne
   reinterpret_cast<RowMeta*>(p.peers->meta[owner])[row] = m;
 }
 
-// uf_dispatch of BF16 pools: pair `pair` of this rank's T x k (token-major), widened into the
-// owner's pool (or staged raw for the owner's unstage); its channels over `threads` threads (this
-// one is `thread`), its RowMeta from thread 0; kUnroll as widen_row's.
+// uf_dispatch of BF16 pools: slots [j0, j1) of token t of this rank's T (a whole token, or one
+// pair), as dispatch_slots_fp8 below: the row read and widened once (kUnroll units loaded before
+// any is stored; a unit's two 16-byte stores into the pool row of each routed slot), instead of
+// once a slot. A staged slot (a peer's, at large T) gets the raw E4M3 row and its H/G scales for
+// the owner's unstage, which widens it as here. Then each slot's RowMeta.
 template <int G, int kUnroll = 1>
-__device__ __forceinline__ void dispatch_pair_bf16(const DispatchParams& p, int pair, int thread, int threads) {
-  const int row = p.route[pair];
-  if (row < 0) return;
-  const int t = pair / p.top_k, j = pair - t * p.top_k;
-  const int owner = p.topk_idx[pair] / p.experts_per_rank;
-  const int h = p.hidden;
+__device__ __forceinline__ void dispatch_slots_bf16(const DispatchParams& p, int t, int j0, int j1, int thread,
+                                                    int threads) {
+  const int h = p.hidden, k = p.top_k;
   const u8* src = p.x + (size_t)t * h;
   const u8* src_sf = p.x_sf + (size_t)t * (h / G);
-  if (!p.staged || owner == p.rank) {
-    widen_row<G, kUnroll>(src, src_sf, reinterpret_cast<u16*>(p.peers->l1_act[owner]) + (size_t)row * h, h, thread,
-                          threads);
-  } else {
-    u8* dst = reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
-    for (int c = thread * 16; c < h; c += threads * 16)
-      *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-    for (int g = thread; g < h / G; g += threads) dst[h + g] = src_sf[g];
+  const int* route = p.route + (size_t)t * k;
+  const int* ids = p.topk_idx + (size_t)t * k;
+  bool in_pool = false, staged = false;
+  for (int j = j0; j < j1; ++j) {
+    if (route[j] < 0) continue;
+    const bool own = !p.staged || ids[j] / p.experts_per_rank == p.rank;
+    in_pool |= own;
+    staged |= !own;
+  }
+  if (!in_pool && !staged) return;
+  if (in_pool) {
+    for (int c0 = thread * 16; c0 < h; c0 += threads * 16 * kUnroll) {
+      WideUnit w[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * threads * 16;
+        if (c >= h) break;
+        w[u] = load_wide_unit<G>(src, src_sf, c);
+      }
+      for (int j = j0; j < j1; ++j) {
+        const int row = route[j], owner = ids[j] / p.experts_per_rank;
+        if (row < 0 || (p.staged && owner != p.rank)) continue;
+        u16* dst = reinterpret_cast<u16*>(p.peers->l1_act[owner]) + (size_t)row * h;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int c = c0 + u * threads * 16;
+          if (c >= h) break;
+          store_wide_unit(w[u], dst + c);
+        }
+      }
+    }
+  }
+  if (staged) {
+    for (int j = j0; j < j1; ++j) {
+      const int row = route[j], owner = ids[j] / p.experts_per_rank;
+      if (row < 0 || owner == p.rank) continue;
+      u8* dst = reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
+      for (int c = thread * 16; c < h; c += threads * 16)
+        *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+      for (int g = thread; g < h / G; g += threads) dst[h + g] = src_sf[g];
+    }
   }
   check_token_scales<G>(p, t, src_sf, thread, threads);
-  if (thread == 0) store_row_meta(p, owner, row, t, j);
+  if (thread == 0)
+    for (int j = j0; j < j1; ++j)
+      if (route[j] >= 0) store_row_meta(p, ids[j] / p.experts_per_rank, route[j], t, j);
 }
+
+// kUnroll (the dispatch, combine_send_row): units a thread loads before it stores any, memory
+// parallelism for the fused kernel's few threads per SM; 1 in the unfused launches.
 
 // uf_dispatch of FP8 pools: slots [j0, j1) of token t of this rank's T (a whole token, or one
 // pair), its row read once and stored into the pool row of each routed slot (16 pool-order
@@ -546,7 +582,7 @@ __device__ __forceinline__ void silu_entry(float* table, int i, int has_clamp, f
 }
 
 // uf_combine_send: pool row `row` (< rows), if it holds another rank's token; its channels over
-// `threads` threads (this one is `thread`), 8 at a time; kUnroll as widen_row's.
+// `threads` threads (this one is `thread`), 8 at a time; kUnroll as the dispatch's.
 template <int kUnroll = 1>
 __device__ __forceinline__ void combine_send_row(const CombineSendParams& p, int row, int thread, int threads) {
   const RowMeta m = p.meta[row];

@@ -989,12 +989,8 @@ impl Pipeline {
             rank: self.rank as i32,
             staged: i32::from(self.staged_rows),
         };
-        // uf_dispatch's items: FP8 pools take a token a CTA (its row read once for its k pairs),
-        // BF16 pools a pair (each widened with its own scales).
-        let items = match s.routes.l1 {
-            Mma::Fp8 => tokens,
-            Mma::Bf16 => pairs,
-        };
+        // uf_dispatch takes a token a CTA: its row is read (and, for BF16 pools, widened) once for
+        // its k pairs.
         // SAFETY: uf_route's rows (from every owner's plan, as the host's `routes` would give them)
         // lie below the owner's plan.rows <= pool_rows (checked by PoolPlan::new), the peer table
         // holds every rank's live symmetric buffer of `shape.peer_layout()` (Pipeline::new's
@@ -1002,7 +998,7 @@ impl Pipeline {
         unsafe {
             self.glue
                 .dispatch
-                .launch(stream, self.chain.next(glue_grid(gpu, items, s.hidden, 16)))
+                .launch(stream, self.chain.next(glue_grid(gpu, tokens, s.hidden, 16)))
                 .scalar(params)
                 .launch()?
         };
