@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 40's second call: hx's timelines (g128/fp8 and mx32/bf16 at T = 8 and 128) through
+# handover.py (where a CTA's time goes between its last L1 tile and its first L2 tile), then main
+# against tb in alternating rounds, tb's gates and tb under compute-sanitizer, each step only when
+# the call's time allows. Every log goes into $OUT/all.tgz, re-made after each step.
+set -uo pipefail
+export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
+  LD_LIBRARY_PATH=/usr/local/cuda/lib64 MEGAMOE_REQUIRE_GPUS=1 PATH=/usr/local/cuda/bin:$PATH NO_COLOR=1
+D=/tmp/s40b; rm -rf $D; mkdir -p $D; tar xzf .device/s40b.tgz -C $D
+L=/tmp/logs; rm -rf $L; mkdir -p $L
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $L/steps.txt; }
+left() { echo $(( ${BUDGET:-570} - ($(date +%s) - t0) )); }
+save() { tar czf $OUT/all.tgz -C /tmp logs; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee $L/gpu.txt
+B="bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes g128/fp8,mx32/bf16 --path fused"
+el warm
+for v in main tb; do ( timeout 150 $D/$v/bin/megamoe $B --tokens 8,128,512,2048,8192 --reps 1 > $L/warm.$v.log 2>&1 ) & done
+( timeout 150 $D/hx/bin/megamoe $B --tokens 8,128 --reps 1 --timeline $L/tl > $L/hx.log 2>&1 ) &
+wait
+python3 .device/handover.py $L/tl/*.json | tee $L/handover.txt; save
+V="main tb"
+table() { python3 .device/bench_table.py $(for v in $V; do echo -n "$v=$(ls $L/bench.$v.*.log | paste -sd,) "; done) | tee $L/table.txt; }
+for r in 1 2 3; do
+  for v in $V; do
+    (( $(left) > 60 )) || { el "skip bench $v $r"; continue; }
+    el bench $v $r
+    timeout $(( $(left) - 20 )) $D/$v/bin/megamoe $B --tokens 8,128,512,2048,8192 --reps 5 > $L/bench.$v.$r.log 2>&1 || echo "bench $v $r rc $?"
+  done
+  table; save
+done
+for g in gpu_fused gpu_unfused gpu_engine; do
+  (( $(left) > 70 )) || { el "skip gates $g"; continue; }
+  el gates tb $g
+  TEST_TIMEOUT=$(( $(left) - 15 )) $D/tb/run.sh $g > $L/gates.tb.$g.log 2>&1; grep -E "^FAIL|passed" $L/gates.tb.$g.log
+  save
+done
+if (( $(left) > 80 )); then
+  el sanitize tb
+  SANITIZE_LOGS=$L/sanitize SANITIZE_TIMEOUT=$(( $(left) - 20 )) timeout $(( $(left) - 10 )) $D/tb/sanitize.sh "" gpu_fused > $L/sanitize.tb.log 2>&1
+  grep -E "CLEAN|KNOWN|SKIP|FAIL" $L/sanitize.tb.log | cut -c1-160
+fi
+el done; save
