@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 40's third call: hxe's timelines (g128/fp8 and mx32/bf16 at T = 8 and 128) through
 # handover.py (the hand-over with the epilogue's 8 lanes a token), then main, tb and ep in
-# alternating rounds, ep's gates (gpu_fused, gpu_gemm: every specialization's SwiGLU, gpu_unfused,
-# gpu_engine) and ep under compute-sanitizer, each step only when the call's time allows. Every
+# alternating rounds, ep's gates (gpu_fused, gpu_gemm: every specialization's SwiGLU), ep under
+# compute-sanitizer, then gpu_unfused and gpu_engine, each step only when the call's time allows. Every
 # log goes into $OUT/all.tgz, re-made after each step.
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
@@ -21,15 +21,15 @@ wait
 python3 .device/handover.py $L/tl/*.json | tee $L/handover.txt | grep -E "==|gap|mark 2|mark 3|mark 9"; save
 V="main tb ep"
 table() { python3 .device/bench_table.py $(for v in $V; do echo -n "$v=$(ls $L/bench.$v.*.log | paste -sd,) "; done) | tee $L/table.txt; }
-for r in 1 2 3; do
+for r in 1 2; do
   for v in $V; do
     (( $(left) > 60 )) || { el "skip bench $v $r"; continue; }
     el bench $v $r
     timeout $(( $(left) - 20 )) $D/$v/bin/megamoe $B --tokens 8,128,512,2048,8192 --reps 5 > $L/bench.$v.$r.log 2>&1 || echo "bench $v $r rc $?"
   done
-  [[ $r == 3 ]] && table || table > /dev/null; save
+  [[ $r == 2 ]] && table || table > /dev/null; save
 done
-for g in gpu_fused gpu_gemm gpu_unfused gpu_engine; do
+for g in gpu_fused gpu_gemm; do
   (( $(left) > 70 )) || { el "skip gates $g"; continue; }
   el gates ep $g
   TEST_TIMEOUT=$(( $(left) - 15 )) $D/ep/run.sh $g > $L/gates.ep.$g.log 2>&1; grep -E "^FAIL|passed" $L/gates.ep.$g.log
@@ -40,4 +40,10 @@ if (( $(left) > 80 )); then
   SANITIZE_LOGS=$L/sanitize SANITIZE_TIMEOUT=$(( $(left) - 20 )) timeout $(( $(left) - 10 )) $D/ep/sanitize.sh "" gpu_fused > $L/sanitize.ep.log 2>&1
   grep -E "CLEAN|KNOWN|SKIP|FAIL" $L/sanitize.ep.log | cut -c1-160
 fi
+for g in gpu_unfused gpu_engine; do
+  (( $(left) > 40 )) || { el "skip gates $g"; continue; }
+  el gates ep $g
+  TEST_TIMEOUT=$(( $(left) - 10 )) $D/ep/run.sh $g > $L/gates.ep.$g.log 2>&1; grep -E "^FAIL|passed" $L/gates.ep.$g.log
+  save
+done
 el done; save

@@ -998,7 +998,10 @@ impl Pipeline {
         unsafe {
             self.glue
                 .dispatch
-                .launch(stream, self.chain.next(glue_grid(gpu, tokens, s.hidden, 16)))
+                .launch(
+                    stream,
+                    self.chain.next(glue_grid(gpu, tokens, s.hidden, 16)),
+                )
                 .scalar(params)
                 .launch()?
         };
