@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 40's third call: hxe's timelines (g128/fp8 and mx32/bf16 at T = 8 and 128) through
-# handover.py (the hand-over with the epilogue's 8 lanes a token), then main, tb and ep in
+# handover.py (the hand-over with the epilogue's 8 lanes a token), then base and ep in
 # alternating rounds, ep's gates (gpu_fused, gpu_gemm: every specialization's SwiGLU), ep under
 # compute-sanitizer, then gpu_unfused and gpu_engine, each step only when the call's time allows. Every
 # log goes into $OUT/all.tgz, re-made after each step.
@@ -15,11 +15,11 @@ save() { tar czf $OUT/all.tgz -C /tmp logs; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee $L/gpu.txt
 B="bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes g128/fp8,mx32/bf16 --path fused"
 el warm
-for v in main tb ep; do ( timeout 150 $D/$v/bin/megamoe $B --tokens 8,128,512,2048,8192 --reps 1 > $L/warm.$v.log 2>&1 ) & done
+for v in base ep; do ( timeout 150 $D/$v/bin/megamoe $B --tokens 8,128,512,2048,8192 --reps 1 > $L/warm.$v.log 2>&1 ) & done
 ( timeout 150 $D/hxe/bin/megamoe $B --tokens 8,128 --reps 1 --timeline $L/tl > $L/hxe.log 2>&1 ) &
 wait
 python3 .device/handover.py $L/tl/*.json | tee $L/handover.txt | grep -E "==|gap|mark 2|mark 3|mark 9"; save
-V="main tb ep"
+V="base ep"
 table() { python3 .device/bench_table.py $(for v in $V; do echo -n "$v=$(ls $L/bench.$v.*.log | paste -sd,) "; done) | tee $L/table.txt; }
 for r in 1 2; do
   for v in $V; do
