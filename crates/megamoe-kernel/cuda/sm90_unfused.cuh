@@ -22,8 +22,8 @@
 //                      for this rank's own experts it also marks the padding rows after each one, so
 //                      that every row of the pool's plan is rewritten by every forward (the dispatch
 //                      writes the others) and the metadata needs no reset between forwards;
-//   uf_dispatch        FP8 pools one CTA per token, BF16 pools one per (token, slot), of a source
-//                      rank: copies the token's activations into the owner rank's L1 pool row of
+//   uf_dispatch        one CTA per token of a source rank: reads the token's activations once and
+//                      copies them (BF16 pools: widened once) into the owner rank's L1 pool row of
 //                      each of its pairs (over a peer pointer) in the GEMM's layout and records the
 //                      row's source (RowMeta);
 //   uf_unstage         rows peers sent staged (large T, see DispatchParams::staged) into the pool: FP8,
@@ -424,6 +424,9 @@ __device__ __forceinline__ void store_row_meta(const DispatchParams& p, int owne
   reinterpret_cast<RowMeta*>(p.peers->meta[owner])[row] = m;
 }
 
+// kUnroll (the dispatch, combine_send_row): units a thread loads before it stores any, memory
+// parallelism for the fused kernel's few threads per SM; 1 in the unfused launches.
+
 // uf_dispatch of BF16 pools: slots [j0, j1) of token t of this rank's T (a whole token, or one
 // pair), as dispatch_slots_fp8 below: the row read and widened once (kUnroll units loaded before
 // any is stored; a unit's two 16-byte stores into the pool row of each routed slot), instead of
@@ -482,9 +485,6 @@ __device__ __forceinline__ void dispatch_slots_bf16(const DispatchParams& p, int
     for (int j = j0; j < j1; ++j)
       if (route[j] >= 0) store_row_meta(p, ids[j] / p.experts_per_rank, route[j], t, j);
 }
-
-// kUnroll (the dispatch, combine_send_row): units a thread loads before it stores any, memory
-// parallelism for the fused kernel's few threads per SM; 1 in the unfused launches.
 
 // uf_dispatch of FP8 pools: slots [j0, j1) of token t of this rank's T (a whole token, or one
 // pair), its row read once and stored into the pool row of each routed slot (16 pool-order
