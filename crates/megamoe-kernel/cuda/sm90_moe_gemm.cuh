@@ -230,6 +230,7 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
 template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
   static constexpr int kBN = BN;
+  static constexpr bool kFp8Route = kFp8;
   static constexpr bool kTwin = kFp8 && kCtas == 1 && BN <= 96;
   static constexpr bool kShortTwin = kFp8 && kCtas == 1 && BN == 256;
   static constexpr int kShortTwinRows = 64;

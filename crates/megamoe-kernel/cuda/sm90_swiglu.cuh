@@ -174,17 +174,19 @@ struct SwigluOut {
     return unfused::widen2(q, fp::pow2((int)e - 127));
   }
 
-  // One token of a tile: h of its 64 channels in place of their gate/up words (kRound chunks' SiLU
-  // loads in flight at once: what the producer warpgroup's registers hold), and the largest |h| of
-  // each half (channels 0..31, 32..63).
-  template <int kRound>
-  __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp) const {
+  // One token of a tile, by kLanes lanes (`j` this one's place among them): h of chunks j,
+  // j + kLanes, .. of its 16 (4 channels each) in place of their gate/up words (kRound chunks'
+  // SiLU loads in flight at once: what the producer warpgroup's registers hold), and the largest
+  // |h| of each half (channels 0..31, 32..63) over the token's lanes.
+  template <int kRound, int kLanes>
+  __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp, int j) const {
+    static_assert(kLanes == 1 || kRound == 1, "a lane's chunks of a round lie in one half");
     float2 amax = make_float2(0.0f, 0.0f);
 #pragma unroll 1
-    for (int k0 = 0; k0 < 16; k0 += kRound) {
+    for (int k0 = 0; k0 < 16 / kLanes; k0 += kRound) {
       uint4 gu[kRound];
 #pragma unroll
-      for (int i = 0; i < kRound; ++i) gu[i] = *reinterpret_cast<const uint4*>(row + 4 * ((k0 + i) ^ swizzle));
+      for (int i = 0; i < kRound; ++i) gu[i] = *reinterpret_cast<const uint4*>(row + 4 * ((j + (k0 + i) * kLanes) ^ swizzle));
       float sl[kRound][4];
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
@@ -199,27 +201,43 @@ struct SwigluOut {
         const float4 h = make_float4(h_of(gu[i].x, sl[i][0], w, clamp), h_of(gu[i].y, sl[i][1], w, clamp),
                                      h_of(gu[i].z, sl[i][2], w, clamp), h_of(gu[i].w, sl[i][3], w, clamp));
         m = fmaxf(m, fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(h.z), fabsf(h.w))));
-        *reinterpret_cast<float4*>(row + 4 * ((k0 + i) ^ swizzle)) = h;
+        *reinterpret_cast<float4*>(row + 4 * ((j + (k0 + i) * kLanes) ^ swizzle)) = h;
       }
-      if (k0 < 8) {
+      if (k0 * kLanes < 8) {
         amax.x = fmaxf(amax.x, m);
       } else {
         amax.y = fmaxf(amax.y, m);
       }
     }
+    if constexpr (kLanes > 1) {
+      // The token's lanes: kLanes consecutive lanes of one warp, every one through the same tokens.
+      const u32 lanes = ((1u << kLanes) - 1) << (sm90::fresh_tid_x() % 32 & ~(kLanes - 1));
+#pragma unroll
+      for (int o = 1; o < kLanes; o <<= 1) {
+        amax.x = fmaxf(amax.x, __shfl_xor_sync(lanes, amax.x, o));
+        amax.y = fmaxf(amax.y, __shfl_xor_sync(lanes, amax.y, o));
+      }
+      __syncwarp(lanes);  // the box row's h, which other lanes of the token store from (BF16 pools)
+    }
     return amax;
   }
 
   // The epilogue warps (`thread` 0 .. L::kEpilogueThreads - 1 among them), until the consumers' end
-  // mark: each tile's tokens over the threads, a token per thread at a time; the box back to the
-  // consumers once every token of it is stored.
+  // mark: each tile's tokens over the threads, kLanes threads a token at a time; the box back to
+  // the consumers once every token of it is stored. Small tiles (two CTAs per SM: a few rows a
+  // tile) give a token 8 lanes, so that its 16 chunks of SiLU loads are 2 rounds of one lane's
+  // latency instead of 16: the layer's last tile waits for its epilogue before the next layer
+  // starts (perf.md v104); the large tiles' tokens fill the warps one a lane. The FP8 route's
+  // 32-token tile keeps a lane a token too: with 8, ptxas serializes that fused kernel's wgmmas
+  // (a wait after every one, and no C75xx diagnostic; perf.md v105).
   template <class L>
   __device__ __forceinline__ void run(u8* smem) const {
-    // Tokens of a tile at most, and of this thread (each kThreads-th).
     constexpr int kTokens = L::kUnitTokens, kThreads = L::kEpilogueThreads;
-    constexpr int kThreadTokens = (kTokens + kThreads - 1) / kThreads;
+    constexpr int kLanes = kTokens <= (L::kFp8Route ? 16 : 32) ? 8 : 1;
+    // Tokens of a tile at most, and of this thread's lanes (each kThreads / kLanes-th).
+    constexpr int kThreadTokens = (kTokens + kThreads / kLanes - 1) / (kThreads / kLanes);
     // Chunks of SiLU loads in flight: two CTAs per SM leave 48 registers (and twice the warps).
-    constexpr int kRound = L::kProducerRegs >= 56 ? 2 : 1;
+    constexpr int kRound = kLanes == 1 && L::kProducerRegs >= 56 ? 2 : 1;
     static_assert(!kPairs || kThreadTokens <= 8, "a pair's first exponents: a byte per token");
     static_assert(L::kHandoffBytes >= kBoxBytes<kTokens>, "the hand-off region holds the box");
     using Exponents = typename TokenBytes<(kThreadTokens > 4)>::Type;
@@ -235,26 +253,28 @@ struct SwigluOut {
       const int pair = kPairs ? desc->pair : gemm::kAlone;
       // Read here (the thread afresh), not before the loop: values the compiler holds from the
       // role's start cost the consumers registers (their wgmmas serialized, C7511).
-      const int thread = (int)sm90::fresh_tid_x() - (128 - kThreads);
+      const int thread = (int)sm90::fresh_tid_x() - (128 - kThreads), j = thread % kLanes;
       const float clamp = s.has_clamp ? s.clamp : __int_as_float(0x7f800000);
 #pragma unroll 1
-      for (int tau = thread, n = 0; tau < rows; tau += kThreads, ++n) {
+      for (int tau = thread / kLanes, n = 0; tau < rows; tau += kThreads / kLanes, ++n) {
         u32* row = reinterpret_cast<u32*>(smem + L::kEpilogueAt) + tau * 64;
         const int swizzle = tau & 7;
         // G = 128: this CTA's spill slot, [chunk k of 4 channels][token] float4; this token's
         // chunks, on their way to L1 while h is computed when the first tile's h is to come back.
+        // (A pair is FP8 pools': a lane's pieces are its own chunks, k and 8 + k.)
         float4* spill = reinterpret_cast<float4*>(s.spill) + (size_t)blockIdx.x * (kSpillFloats<L> / 4) + tau;
         if (pair == gemm::kSecondOfPair) {
 #pragma unroll
-          for (int k = 0; k < 16; ++k) sm90::prefetch_l1(spill + k * kTokens);
+          for (int k = j; k < 16; k += kLanes) sm90::prefetch_l1(spill + k * kTokens);
         }
         const float w = __ldg(&s.meta[row0 + tau].weight);
-        const float2 amax = token_h<kRound>(row, swizzle, w, clamp);
+        const float2 amax = token_h<kRound, kLanes>(row, swizzle, w, clamp, j);
         u32 e0 = exponent_of(amax.x), e1 = exponent_of(amax.y);
         if (pair == gemm::kFirstOfPair) {
           // h waits in the spill, its exponent in a byte of this thread, for the pair's second tile.
 #pragma unroll 1
-          for (int k = 0; k < 16; ++k) spill[k * kTokens] = *reinterpret_cast<const float4*>(row + 4 * (k ^ swizzle));
+          for (int k = j; k < 16; k += kLanes)
+            spill[k * kTokens] = *reinterpret_cast<const float4*>(row + 4 * (k ^ swizzle));
           first_exponents = (first_exponents & ~((Exponents)0xff << (8 * n))) | (Exponents)max(e0, e1) << (8 * n);
           continue;
         }
@@ -263,7 +283,7 @@ struct SwigluOut {
         // This tile's piece of each 16-byte group k of the block's pool row: its channels of pool
         // words k and k + kGroups (kWordChannels each, from kWordChannels k and 32 + kWordChannels k).
 #pragma unroll 1
-        for (int k = 0; k < kGroups; ++k) {
+        for (int k = j; k < kGroups; k += kLanes) {
           const int a = kWordChannels * k, b = 32 + a;
           const Word h0 = box_channels(row, swizzle, a), h1 = box_channels(row, swizzle, b);
           *reinterpret_cast<uint2*>(dst + 16 * k + 8 * ((ch0 / 64) % 2)) = piece(h0, h1, e0, e1);
@@ -271,13 +291,13 @@ struct SwigluOut {
         if constexpr (kPairs) {
           // The pair's first tile's pieces (its half of every group), from the spill.
 #pragma unroll 1
-          for (int k = 0; k < kGroups; ++k) {
+          for (int k = j; k < kGroups; k += kLanes) {
             const int a = kWordChannels * k, b = 32 + a;
             const Word h0 = spilled(spill, kTokens, a), h1 = spilled(spill, kTokens, b);
             *reinterpret_cast<uint2*>(dst + 16 * k) = piece(h0, h1, e0, e0);
           }
         }
-        if constexpr (kFp8Pool) s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + row0 + tau] = (u8)e0;
+        if (kFp8Pool && j == 0) s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + row0 + tau] = (u8)e0;
       }
       sm90::mbar_arrive((u64*)(smem + L::kHandoffEmptyAt));  // the box is the consumers' again
       if (s.row_arrivals && ch0 < s.inter) count_rows<kThreads>(row0);

@@ -228,11 +228,10 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
         .define("MM_G", recipe.group())
         .define("MM_SMEM_BYTES", l1.smem_bytes().max(l2.smem_bytes()))
         .arches(&[Arch::Sm90a]);
-    // Known to fall short of registers: the L1's (TilePlan::known_register_shortfall), and 4 B
-    // spilled by the BF16 L1 with two CTAs per SM (either recipe; a value stored and reloaded once
-    // per tile; 2026-12-02, perf.md v80/v82).
-    let known_shortfall =
-        l1.known_register_shortfall() || (l1.mma == Mma::Bf16 && l1.ctas_per_sm == 2);
+    // Known to fall short of registers: the BF16 L1's 32-token tile with two CTAs per SM spills 4 B
+    // (mx32; a value stored and reloaded once per tile; perf.md v80/v82, v105). It may spill, never
+    // serialize its wgmmas (`cargo xtask kernels` fails any kernel on that).
+    let known_shortfall = l1.mma == Mma::Bf16 && l1.ctas_per_sm == 2 && l1.tokens_per_tile == 32;
     let spec = crate::with_gemm_headers(spec.header(MEGA_HEADER));
     Ok(if known_shortfall {
         spec

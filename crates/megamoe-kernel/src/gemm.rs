@@ -620,7 +620,7 @@ impl TilePlan {
 
     /// The JIT specialization.
     pub fn spec(&self) -> KernelSpec {
-        let spec = crate::with_gemm_headers(
+        crate::with_gemm_headers(
             self.epilogue
                 .defines()
                 .into_iter()
@@ -635,25 +635,9 @@ impl TilePlan {
                     |spec, (name, value)| spec.define(name, value),
                 )
                 .define("MM_SMEM_BYTES", self.smem_bytes())
-                .arches(&[Arch::Sm90a]),
-        );
-        if self.known_register_shortfall() {
-            spec
-        } else {
-            spec.no_spill()
-        }
-    }
-
-    /// The specializations known to fall short of registers (`cargo xtask kernels` shows them,
-    /// and fails on any other that spills or serializes its wgmmas): the FP8 route's L1 at 32
-    /// tokens with two CTAs per SM, whose wgmmas ptxas serializes (C7511) once the SwiGLU
-    /// epilogue's warps share the kernel (any code on them, however small, tips it; 2026-12-02,
-    /// perf.md v81).
-    pub fn known_register_shortfall(&self) -> bool {
-        self.mma == Mma::Fp8
-            && self.tokens_per_tile == 32
-            && self.ctas_per_sm == 2
-            && matches!(self.epilogue, Epilogue::Swiglu { .. })
+                .arches(&[Arch::Sm90a])
+                .no_spill(),
+        )
     }
 
     /// What names this specialization among the others: route, tile, CTAs per SM, cluster, fold,
