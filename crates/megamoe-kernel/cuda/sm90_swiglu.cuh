@@ -228,8 +228,8 @@ struct SwigluOut {
   // tile) give a token 8 lanes, so that its 16 chunks of SiLU loads are 2 rounds of one lane's
   // latency instead of 16: the layer's last tile waits for its epilogue before the next layer
   // starts (perf.md v104); the large tiles' tokens fill the warps one a lane. The FP8 route's
-  // 32-token tile keeps a lane a token too: with 8, ptxas serializes that fused kernel's wgmmas
-  // (a wait after every one, and no C75xx diagnostic; perf.md v105).
+  // 32-token tile keeps a lane a token too: with 8 (or 2), ptxas serializes that fused kernel's
+  // wgmmas (C7511; perf.md v105).
   template <class L>
   __device__ __forceinline__ void run(u8* smem) const {
     constexpr int kTokens = L::kUnitTokens, kThreads = L::kEpilogueThreads;
