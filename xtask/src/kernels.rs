@@ -10,9 +10,6 @@ use anyhow::{Result, bail};
 use cuda_rt::{Arch, CompileOutcome, Compiled, Jit, KernelSpec};
 use rayon::prelude::*;
 
-/// The kernel registry: every crate that ships kernels contributes its specializations here, one entry
-/// per crate. A crate that depends on cuda-rt exports `pub fn kernels() -> Vec<KernelSpec>`; one that
-/// only exports its CUDA sources as `(&str, &str)` constants gets its specs built here.
 /// ptxas messages that fail any kernel, a known register shortfall's too (it may spill a few bytes,
 /// never serialize its wgmmas): wgmma serialized (C7511: too few registers for the wgmma pipeline;
 /// C7512, C7514, C7515), a wgmma wait injected by the compiler (C7517), setmaxnreg ignored (C7508).
@@ -20,6 +17,9 @@ const PERF_DIAGNOSTICS: [&str; 6] = [
     "(C7511)", "(C7512)", "(C7514)", "(C7515)", "(C7517)", "(C7508)",
 ];
 
+/// The kernel registry: every crate that ships kernels contributes its specializations here, one entry
+/// per crate. A crate that depends on cuda-rt exports `pub fn kernels() -> Vec<KernelSpec>`; one that
+/// only exports its CUDA sources as `(&str, &str)` constants gets its specs built here.
 fn registry() -> Vec<KernelSpec> {
     let mut specs = cuda_rt::selftest::kernels();
     specs.push(
