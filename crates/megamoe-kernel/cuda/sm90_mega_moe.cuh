@@ -25,7 +25,8 @@
 //                count says every L1 tile of them is stored: a CTA goes on from its L1 tiles to
 //                L2's while others still run L1; BF16 l2_out; grid barrier;
 //   7. combine   pool rows of other ranks' tokens into their combine buffers (peer stores); the
-//                ranks meet; tokens over the grid: the top-k sum into y.
+//                ranks meet (one rank: no meeting, the grid barrier after L2 has ordered l2_out);
+//                tokens over the grid: the top-k sum into y.
 //
 // Between the other stages a grid barrier (barriers.cuh: one word, never reset) orders every CTA's
 // writes before every CTA's reads; stages that hand data to the TMA (the pools) or take it from the
@@ -345,8 +346,9 @@ __device__ __forceinline__ void mega_moe(const MegaParams& p, const void* l1_act
       p.swiglu.row_arrivals[i] = 0;
     if (p.num_ranks > 1) combine_send<kUnroll>(p);
   }
-  // The ranks meet: every combine buffer holds its rows. 7b. the top-k sums.
-  if (!meet_ranks(p)) return;
+  // The ranks meet: every combine buffer holds its rows (one rank: the grid barrier after the L2
+  // has ordered l2_out before every read of it). 7b. the top-k sums.
+  if (p.num_ranks > 1 && !meet_ranks(p)) return;
   stamp(p, 6);
   if (planned(p)) combine_reduce<kReduceLoads<L1::kCtasPerSm>>(p);
   stamp(p, 7);

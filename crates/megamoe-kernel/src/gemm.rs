@@ -1625,18 +1625,23 @@ mod tests {
     }
 
     /// A split tail's head whose later part never comes gives up after the kernel's timeout and
-    /// says so in the core's error word, which stays set. The tickets start past the round that
-    /// draws the later parts, so that only the heads run (a fault no healthy launch has; the
-    /// integration tests cannot reach the tickets).
+    /// says so in the core's error word, which stays set. The counter's tickets start past the
+    /// round that draws the later parts, so that their heads run without them (a fault no healthy
+    /// launch has; the integration tests cannot reach the tickets).
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn a_lost_split_part_times_out_into_the_error_word() {
         use crate::problem::{ActPool, ExpertWeights};
         let gpu = Gpu::open(0).expect("this test needs a CUDA GPU");
         let jit = cuda_rt::testing::jit();
-        let (rows, n, k, bn) = ([20usize, 0, 33, 7], 256, 512, 32);
+        let (rows, k, bn) = ([20usize, 0, 33, 7], 512, 32);
         let plan = TilePlan::new(Mma::Bf16, bn).unwrap();
         assert!(plan.splits_tail() && plan.split_parts == 2);
+        let mut core = GemmCore::new(&gpu, &jit, plan).unwrap();
+        // CTA c draws ticket c first, and the grid's first round must draw whole items only: at
+        // least two grids of items (the last grid of them split).
+        let blocks = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>();
+        let n = TILE_ROWS * (2 * core.grid() as usize).div_ceil(blocks);
         let w = ExpertWeights::random_codes(rows.len(), n, k, 1);
         let transformed =
             crate::transform_weights(Mma::Bf16, &w.w, &w.w_sf, rows.len(), n, k).unwrap();
@@ -1656,11 +1661,11 @@ mod tests {
             expert_rows_dev: counts.slice(..),
         };
         let mut out = gpu.alloc_zeros::<u16>(pool.rows * n).unwrap();
-        let mut core = GemmCore::new(&gpu, &jit, plan).unwrap();
         // Past the whole items, one ticket per split item draws its later part (part 1), the next
-        // round its head: starting at whole + split = every item's count, only heads are drawn.
-        let items = rows.iter().map(|r| r.div_ceil(bn)).sum::<usize>() * (n / TILE_ROWS);
-        gpu.upload_into(&[items as u32, 0][..], &mut core.tickets)
+        // round its head. The counter's tickets follow the grid's first round: starting them at
+        // whole + split = every item's count, the later parts are never drawn.
+        let items = blocks * (n / TILE_ROWS);
+        gpu.upload_into(&[(items - core.grid() as usize) as u32, 0][..], &mut core.tickets)
             .unwrap();
         let started = std::time::Instant::now();
         core.run(&gpu, &weights, &device_pool, &mut out).unwrap();
