@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+# A fused forward's timeline JSON (`megamoe bench --timeline`) in a few lines: the glue's stages,
+# the first L1 tile, each CTA's L1 -> L2 gap, the L2's end over the CTAs against the top-k sums'
+# start (the tail), tiles a CTA and their times (µs; p10 / p50 / p90 over the CTAs).
+import collections, json, statistics, sys
+
+def q(a):
+    a = sorted(a)
+    return f"{a[len(a) // 10]:.1f} / {statistics.median(a):.1f} / {a[9 * len(a) // 10]:.1f}"
+
+for f in sys.argv[1:]:
+    ev = json.load(open(f))["events"]
+    ctas = collections.defaultdict(lambda: collections.defaultdict(list))
+    for e in ev:
+        if e["kind"] in ("l1_tile", "l2_tile"):
+            ctas[e["cta"]][e["kind"]].append((e["start_ns"] / 1e3, e["end_ns"] / 1e3))
+    glue = {e["kind"]: (e["start_ns"] / 1e3, e["end_ns"] / 1e3) for e in ev if e["kind"] not in ("l1_tile", "l2_tile")}
+    l1_end = {c: max(t[1] for t in d["l1_tile"]) for c, d in ctas.items() if d["l1_tile"]}
+    l2_start = {c: min(t[0] for t in d["l2_tile"]) for c, d in ctas.items() if d["l2_tile"]}
+    l2_end = [max(t[1] for t in d["l2_tile"]) for d in ctas.values() if d["l2_tile"]]
+    first_l1 = min(t[0] for d in ctas.values() for t in d["l1_tile"])
+    reduce = glue.get("combine_reduce", (float("nan"),) * 2)
+    print(f"{f.split('/')[-2]:8} {f.split('/')[-1]}")
+    print("  glue  " + " ".join(f"{k} {a:.1f}-{b:.1f}" for k, (a, b) in glue.items()) + f"  first L1 tile {first_l1:.1f}")
+    print(f"  L1 -> L2 gap a CTA {q([l2_start[c] - l1_end[c] for c in l2_start if c in l1_end])}")
+    print(f"  L2 end a CTA {q(l2_end)}, last {max(l2_end):.1f}; top-k sums {reduce[0]:.1f}-{reduce[1]:.1f}")
+    for k in ("l1_tile", "l2_tile"):
+        n = collections.Counter(len(d[k]) for d in ctas.values())
+        print(f"  {k}s a CTA {dict(sorted(n.items()))}, a tile {q([b - a for d in ctas.values() for a, b in d[k]])}")
