@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Session 42's first timing call (bundle by runs/2026-12-06-s42a-pack.sh): main against tf (one
-# rank skips the meeting before the top-k sums; a drawn schedule's first ticket is the CTA's own)
-# and tf8 (tf + the glue's first-weights prefetch at 8 MiB), three alternating rounds, the bar's
-# two routes, T = 8 … 8192; first each one's timelines at T = 8 and 128; then tf's gates
-# (gpu_fused, gpu_gemm, the lost split part's timeout), tf under compute-sanitizer, gpu_engine,
-# gpu_unfused, each step only when the call's time allows. Logs into $OUT/all.tgz, re-made after
+# rank skips the meeting before the top-k sums; a drawn schedule's first ticket is the CTA's own),
+# tf8 (tf + the glue's first-weights prefetch at 8 MiB) and pd (tf + the L2's first weights into
+# L2 during a CTA's last L1 tiles), three alternating rounds, the bar's two routes, T = 8 … 8192;
+# first each one's timelines at T = 8 and 128; then pd's gates (gpu_fused, gpu_gemm, the lost
+# split part's timeout), pd under compute-sanitizer, gpu_engine, gpu_unfused, each step only when
+# the call's time allows. Logs into $OUT/all.tgz, re-made after
 # each step.
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
@@ -16,7 +17,7 @@ left() { echo $(( ${BUDGET:-570} - ($(date +%s) - t0) )); }
 save() { tar czf $OUT/all.tgz -C /tmp logs; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee $L/gpu.txt
 B="bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes g128/fp8,mx32/bf16 --path fused"
-V="main tf tf8"
+V="main tf tf8 pd"
 el warm
 for v in $V; do ( timeout 150 $D/bin/megamoe.$v $B --tokens 8,128,512,2048,8192 --reps 1 > $L/warm.$v.log 2>&1 ) & done
 wait; save
@@ -36,17 +37,17 @@ for r in 1 2 3; do
 done
 gate() {  # name, filter
   (( $(left) > 40 )) || { el "skip gates $1"; return; }
-  el gates tf $1
-  TEST_TIMEOUT=$(( $(left) - 15 )) $D/tf/run.sh $2 > $L/gates.tf.$1.log 2>&1; grep -E "^FAIL|passed" $L/gates.tf.$1.log
+  el gates pd $1
+  TEST_TIMEOUT=$(( $(left) - 15 )) $D/pd/run.sh $2 > $L/gates.pd.$1.log 2>&1; grep -E "^FAIL|passed" $L/gates.pd.$1.log
   save
 }
 gate gpu_fused gpu_fused
 gate gpu_gemm gpu_gemm
 gate lost_split_part a_lost_split_part
 if (( $(left) > 80 )); then
-  el sanitize tf
-  SANITIZE_LOGS=$L/sanitize SANITIZE_TIMEOUT=$(( $(left) - 20 )) timeout $(( $(left) - 10 )) $D/tf/sanitize.sh "" gpu_fused > $L/sanitize.tf.log 2>&1
-  grep -E "CLEAN|KNOWN|SKIP|FAIL" $L/sanitize.tf.log | cut -c1-160
+  el sanitize pd
+  SANITIZE_LOGS=$L/sanitize SANITIZE_TIMEOUT=$(( $(left) - 20 )) timeout $(( $(left) - 10 )) $D/pd/sanitize.sh "" gpu_fused > $L/sanitize.pd.log 2>&1
+  grep -E "CLEAN|KNOWN|SKIP|FAIL" $L/sanitize.pd.log | cut -c1-160
   save
 fi
 gate gpu_engine gpu_engine
