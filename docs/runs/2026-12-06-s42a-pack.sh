@@ -5,8 +5,8 @@
 #          schedule's first ticket is the CTA's own),
 #   tf8  = tf + runs/2026-12-06-s41-first-weights-8mib-p8.patch (the glue's first-weights
 #          prefetch 8 MiB instead of 32),
-#   pd   = s42's second commit (tf + the L2's first weights into L2 while a CTA's last L1 tiles
-#          finish),
+#   pd   = tf + runs/2026-12-06-s42-l2-first-weights-in-the-l1-tail-pd.patch (the L2's first
+#          weights into L2 while a CTA's last L1 tiles finish; not landed),
 # each in a target folder of its own and checked by its sources' marks in the binary, pd's full
 # `cargo xtask gpu-bundle` (gates, compute-sanitizer), and .device/s42a.sh, bench_table.py,
 # tl_stats.py. Then: `bash .device/s42a.sh` (carry ".device").
@@ -15,11 +15,11 @@ root=$(git rev-parse --show-toplevel); cd "$root"
 eval "$(cargo xtask setup-cuda | grep '^export')"
 runs=docs/runs/2026-12-06
 tf=$(git log --format=%H -1 --grep='a drawn schedule.s first ticket is the CTA.s own')
-pd=$(git log --format=%H -1 --grep='the L2.s first weights into L2 while a CTA.s last L1 tiles finish')
 pack=$(mktemp -d); wt=$(mktemp -d)
 trap 'rm -rf "$pack" "$wt"; git worktree prune' EXIT
-declare -A commits=([main]=7c8af19 [tf]=$tf [tf8]=$tf [pd]=$pd)
-declare -A patches=([main]="" [tf]="" [tf8]=$runs-s41-first-weights-8mib-p8.patch [pd]="")
+declare -A commits=([main]=7c8af19 [tf]=$tf [tf8]=$tf [pd]=$tf)
+declare -A patches=([main]="" [tf]="" [tf8]=$runs-s41-first-weights-8mib-p8.patch
+                    [pd]=$runs-s42-l2-first-weights-in-the-l1-tail-pd.patch)
 # Strings each binary must hold (+) or must not (-), a line each.
 declare -A want=([main]=$'-(int)fresh_ctaid_x() : (int)gridDim.x\n+= 32u << 20;'
                  [tf]=$'+(int)fresh_ctaid_x() : (int)gridDim.x\n+= 32u << 20;\n+if (p.num_ranks > 1 && !meet_ranks(p)) return;'
