@@ -1665,8 +1665,11 @@ mod tests {
         // round its head. The counter's tickets follow the grid's first round: starting them at
         // whole + split = every item's count, the later parts are never drawn.
         let items = blocks * (n / TILE_ROWS);
-        gpu.upload_into(&[(items - core.grid() as usize) as u32, 0][..], &mut core.tickets)
-            .unwrap();
+        gpu.upload_into(
+            &[(items - core.grid() as usize) as u32, 0][..],
+            &mut core.tickets,
+        )
+        .unwrap();
         let started = std::time::Instant::now();
         core.run(&gpu, &weights, &device_pool, &mut out).unwrap();
         gpu.synchronize().unwrap();
