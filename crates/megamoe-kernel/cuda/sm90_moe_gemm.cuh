@@ -28,9 +28,9 @@
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace),
 // CTA c's first ticket being c (the counter's follow the grid's); otherwise CTA c takes items c,
-// c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn
-// tiles only): the last items of a launch, one per CTA at most, are drawn in parts of their k128
-// blocks, every item's last part first and its head (part 0) last, so a launch ends on small pieces.
+// c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn tiles only): the last items of
+// a launch, one per CTA at most, are drawn in parts of their k128 blocks, every item's last part
+// first and its head (part 0) last, so a launch ends on small pieces.
 // A later part hands its FP32 sums to a slot (`partials`, flag `partial_ready`); the head waits
 // for them, adds them (head + part 1 + part 2 ...: a fixed order, results do not depend on timing)
 // and stores the tile. A head waits only for parts drawn before it, whose CTAs wait for nothing, and
@@ -118,8 +118,7 @@ struct GemmParams {
   int arrivals_needed;  // with row_arrivals: the count at which a tile's activation rows are whole
   // Dynamic schedule (one-CTA clusters; null: the static one): [0] the tickets drawn past the
   // grid's first (CTA c's first is c), each by a CTA's producer when it needs one; [1] CTAs done
-  // drawing. Both 0 between launches:
-  // the last CTA to finish drawing resets them.
+  // drawing. Both 0 between launches: the last CTA to finish drawing resets them.
   u32* tickets;
   // Optional (null: off): every tile's event (timeline.cuh), for the benchmarks' timelines.
   const timeline::Timeline* timeline;
@@ -425,7 +424,7 @@ struct TileWalker {
   // Every item of the launch (split tail only), in shared memory: the producer has 48 registers.
   const volatile int* launch_items;
   int expert = -1, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
-  int drawn = 0;  // items this CTA has taken (the static schedule's stride count; drawn: the first is its own)
+  int drawn = 0;  // items this CTA has taken (the static schedule's stride; drawn: the first is its own)
   // kShortPairs: the expert's whole blocks per tile, and whether its last block is short.
   int expert_whole = 0;
   bool expert_short = false;
@@ -489,7 +488,9 @@ struct TileWalker {
       // Drawn: items in launch order, each to the CTA that asks first. CTAs do not run at one
       // pace (of two on one SM one runs ahead, perf.md v28), so fixed shares leave the launch
       // waiting for the slowest. The first ticket is this CTA's own (every CTA starts at once):
-      // the grid's first round costs no round trip to the counter, whose tickets follow it.
+      // the grid's first round costs no round trip to the counter, whose tickets follow it. The
+      // CTA is read afresh: blockIdx.x made ptxas serialize the wgmmas of the g128/bf16 32-token
+      // fused kernel (C7511).
       int item = drawn++ == 0 ? (int)fresh_ctaid_x() : (int)gridDim.x + (int)atomicAdd(p.tickets, 1u);
       const int parts = min(p.split_parts, k_blocks);
       if (kSplitTail && parts > 1) {
