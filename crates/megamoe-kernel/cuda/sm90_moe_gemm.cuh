@@ -21,8 +21,8 @@
 // block), token block minor, so CTAs working at once share weight tiles through L2. In a cluster
 // of two (kCluster, BF16 route) the two CTAs walk pairs of neighbouring weight tiles of one token
 // block in step: each loads one K half of the shared activation tile into both (TMA multicast) and
-// a stage is refilled once the consumers of both CTAs released it. Twin units (FP8 one-CTA tiles
-// of at most 96 tokens, Layout::kTwin): a unit is two neighbouring weight tiles of one token
+// a stage is refilled once the consumers of both CTAs released it. Twin units (one-CTA tiles of
+// at most 96 tokens, Layout::kTwin): a unit is two neighbouring weight tiles of one token
 // block, both loaded into each stage, each consumer warpgroup 64 rows of both at once; each tile
 // still gets its own UnitDesc and epilogue.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
@@ -207,11 +207,12 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
 // kHandoff: the epilogue runs on the producer warpgroup's free warps (the epilogue warps), which
 // take each finished tile from the consumers through the hand-off region (see Gemm).
-// kTwin (FP8 one-CTA tiles of at most 96 tokens, the plan's `twin_tiles`): a unit of work is two
+// kTwin (one-CTA tiles of at most 96 tokens, the plan's `twin_tiles`): a unit of work is two
 // neighbouring weight tiles of one token block at once, each consumer warpgroup 64 rows of both
-// (Consumer's second accumulator set), so every stage's activations and token scales serve twice
-// the tensor work. At these tiles a stage's cost is mostly fixed (waits, scale loads, the
-// promotion's issue) and not the wgmmas' (perf.md v88, v89).
+// (Consumer's second accumulator set), so every stage's activations (and FP8 token scales) serve
+// twice the tensor work. At these tiles a stage's cost is mostly fixed (waits, scale loads, the
+// promotion's issue) and not the wgmmas' (perf.md v88, v89); on the BF16 route the twins take the
+// place of the cluster's shared activations (v95).
 // kShortTwin (FP8 256-token tiles): a block of at most kShortTwinRows rows (an expert's last, a few
 // rows past a multiple of 256) is a twin unit as well, which the producer chooses unit by unit;
 // whole blocks stay one tile a unit. Such a block costs 0.58 of a whole tile for a quarter of its
@@ -232,7 +233,7 @@ template <int BN, bool kFp8, int kCtas, bool kHandoff>
 struct Layout {
   static constexpr int kBN = BN;
   static constexpr bool kFp8Route = kFp8;
-  static constexpr bool kTwin = kFp8 && kCtas == 1 && BN <= 96;
+  static constexpr bool kTwin = kCtas == 1 && BN <= 96;
   static constexpr bool kShortTwin = kFp8 && kCtas == 1 && BN == 256;
   static constexpr int kShortTwinRows = 64;
   static constexpr int kOverhang = kShortTwin || (!kFp8 && kCtas == 1 && BN == 128) ? 16 : 0;
@@ -649,6 +650,10 @@ struct Consumer {
   u32 a[2][kAregs];
   float base[2][2];  // FP8: weight base of rows r, r+8 per parity (twin: per tile)
   u32 mult_r, mult_r8;  // BF16: the current stage's multipliers of rows r, r+8 (scale block t)
+  // BF16 twin: the second tile's fragments of each half (a: the first tile's) and multipliers.
+  static constexpr bool kBf16Twin = !kFp8 && kTwin;
+  u32 a2[kBf16Twin ? 2 : 1][kBf16Twin ? kAregs : 1];
+  u32 mult2_r, mult2_r8;
   float tmp[kTempSets][kNsub / 2];  // FP8: chunks' wgmma results
   // The tile's sums; an overhang unit's extra tokens in acc[BN / 2 ..] (the fifth chunk's).
   float acc[L::kUnitTokens / 2];
@@ -713,20 +718,29 @@ struct Consumer {
     held[0] = stage;
     mult_r = bf16_multiplier(stage_meta(stage)[row_r], t);
     mult_r8 = bf16_multiplier(stage_meta(stage)[row_r + 8], t);
+    if constexpr (kBf16Twin) {
+      mult2_r = bf16_multiplier(stage_meta(stage, 1)[row_r], t);
+      mult2_r8 = bf16_multiplier(stage_meta(stage, 1)[row_r + 8], t);
+    }
     next_stage();
   }
 
-  // BF16: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H.
+  // BF16: half H of the current stage (k32 steps 2H, 2H+1 = k16 steps 4H..4H+3) into parity H
+  // (a twin: the second tile's into a2[H]).
   template <int H>
   __device__ __forceinline__ void bf16_decode_half() {
-    const uint2* codes = stage_codes(held[0]) + thread;
+    bf16_decode_tile_half<H>(stage_codes(held[0]) + thread, mult_r, mult_r8, a[H]);
+    if constexpr (kBf16Twin) bf16_decode_tile_half<H>(stage_codes(held[0], 1) + thread, mult2_r, mult2_r8, a2[H]);
+  }
+  template <int H>
+  __device__ __forceinline__ static void bf16_decode_tile_half(const uint2* codes, u32 mr, u32 mr8, u32* frag) {
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
       const int j = 2 * H + jj;
       const uint2 w = codes[j * 256];
-      u32* q0 = &a[H][8 * jj];  // k16 step 2jj of the half; step 2jj+1 at +4
-      decode_bf16_word(w.x, mult_r, q0[0], q0[2], q0[4], q0[6]);
-      decode_bf16_word(w.y, mult_r8, q0[1], q0[3], q0[5], q0[7]);
+      u32* q0 = &frag[8 * jj];  // k16 step 2jj of the half; step 2jj+1 at +4
+      decode_bf16_word(w.x, mr, q0[0], q0[2], q0[4], q0[6]);
+      decode_bf16_word(w.y, mr8, q0[1], q0[3], q0[5], q0[7]);
     }
   }
 
@@ -742,6 +756,10 @@ struct Consumer {
       if constexpr (kN > BN)  // an overhang unit's last tokens, from their box of the half
         mma_bf16_rs<(kN > BN ? kN - BN : 8)>(acc + BN / 2, &a[H][4 * q],
                                             act_desc(held[0]) + L::overhang_at(H) / 16 + 2 * q, 1);
+    }
+    if constexpr (kBf16Twin) {  // the second tile's rows on the same tokens, in the same group
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mma_bf16_rs<kN>(acc2, &a2[H][4 * q], desc + 2 * q, 1);
     }
     wg_commit();
   }

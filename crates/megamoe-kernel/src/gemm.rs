@@ -302,8 +302,10 @@ pub struct TilePlan {
     /// CTAs per thread-block cluster (1, or 2 on the BF16 route). Two CTAs on neighbouring weight
     /// tiles of the same token block load one K half of the shared activation tile each and
     /// multicast it to both, halving the activation traffic into the SMs: the BF16 route's one-CTA
-    /// tiles run 4–6 % faster (2026-11-30, H200; its default). FP8 128-token tiles measured within
-    /// 1 % (the two CTAs' rings move in lockstep, which eats the saving), so FP8 has none.
+    /// tiles of 128 and 256 tokens run 4–6 % faster (2026-11-30, H200; its default; its smaller
+    /// one-CTA tiles are twin units instead, which share a stage's activations between two tiles of
+    /// one CTA). FP8 128-token tiles measured within 1 % (the two CTAs' rings move in lockstep,
+    /// which eats the saving), so FP8 has none.
     pub cluster: usize,
     /// Split tail (with the dynamic schedule; the kernel's header says how): the last items of a
     /// launch, one per CTA at most, are drawn in this many parts of their K (1: not split, at
@@ -371,27 +373,37 @@ impl TilePlan {
     /// benchmarks that compare the two.
     ///
     /// Clusters of two for the BF16 route's one-CTA-per-SM tiles (large T; see `cluster`) unless
-    /// the epilogue walks tiles in pairs; the small two-CTA tiles move little activation data.
+    /// the epilogue walks tiles in pairs or a unit is two tiles (twin tiles: each stage's
+    /// activations serve both already); the small two-CTA tiles move little activation data.
     pub fn with_ctas_per_sm(self, ctas_per_sm: usize) -> Self {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
-        Self {
+        let plan = Self {
             ctas_per_sm,
-            cluster: if ctas_per_sm == 1 && self.mma == Mma::Bf16 && !self.epilogue.pairs() {
+            cluster: 1,
+            ..self
+        };
+        Self {
+            cluster: if ctas_per_sm == 1
+                && self.mma == Mma::Bf16
+                && !self.epilogue.pairs()
+                && !plan.twin_tiles()
+            {
                 2
             } else {
                 1
             },
-            ..self
+            ..plan
         }
         .with_stages_that_fit()
     }
 
     /// Whether a unit of work is two neighbouring weight tiles of one token block at once
-    /// (`Layout::kTwin`): FP8 one-CTA tiles of at most 96 tokens, where a stage's cost is mostly
+    /// (`Layout::kTwin`): one-CTA tiles of at most 96 tokens, where a stage's cost is mostly
     /// fixed and not its wgmmas', so each consumer warpgroup takes 64 rows of both tiles and every
-    /// stage's activations and scales serve twice the tensor work (perf.md v89).
+    /// stage's activations (and FP8 scales) serve twice the tensor work (FP8: perf.md v89; BF16,
+    /// whose units were single tiles in clusters of two sharing the activations: v95, v107).
     pub fn twin_tiles(&self) -> bool {
-        self.mma == Mma::Fp8 && self.ctas_per_sm == 1 && self.tokens_per_tile <= 96
+        self.ctas_per_sm == 1 && self.tokens_per_tile <= 96
     }
 
     /// Whether an expert's block of at most 64 rows is a twin unit (`Layout::kShortTwin`): FP8
@@ -492,10 +504,15 @@ impl TilePlan {
         }
     }
 
-    /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route without pairs).
+    /// The same tile with `cluster` CTAs per cluster (1, or 2 on the BF16 route without pairs or
+    /// twin tiles).
     pub fn with_cluster(self, cluster: usize) -> Self {
         assert!(
-            cluster == 1 || (cluster == 2 && self.mma == Mma::Bf16 && !self.epilogue.pairs()),
+            cluster == 1
+                || (cluster == 2
+                    && self.mma == Mma::Bf16
+                    && !self.epilogue.pairs()
+                    && !self.twin_tiles()),
             "cluster of {cluster} on the {} route with {:?}",
             self.mma,
             self.epilogue
@@ -1460,7 +1477,13 @@ mod tests {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
         assert_eq!(plan(Mma::Bf16, 256).cluster, 2);
         assert_eq!(plan(Mma::Bf16, 32).cluster, 1, "two CTAs per SM");
-        assert_eq!(plan(Mma::Bf16, 32).with_ctas_per_sm(1).cluster, 2);
+        assert_eq!(plan(Mma::Bf16, 128).cluster, 2);
+        assert_eq!(
+            plan(Mma::Bf16, 96).cluster,
+            1,
+            "twin tiles share the activations"
+        );
+        assert_eq!(plan(Mma::Bf16, 32).with_ctas_per_sm(1).cluster, 1);
         assert_eq!(
             plan(Mma::Fp8, 128).cluster,
             1,
@@ -1532,7 +1555,7 @@ mod tests {
     }
 
     #[test]
-    fn twin_units_are_fp8_one_cta_tiles_of_at_most_96_tokens() {
+    fn twin_units_are_one_cta_tiles_of_at_most_96_tokens() {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
         let twin = plan(Mma::Fp8, 96);
         assert!(twin.twin_tiles());
@@ -1540,7 +1563,12 @@ mod tests {
         assert_eq!(twin.stage_bytes, 30 * 1024);
         assert_eq!(twin.stages, 6);
         assert!(plan(Mma::Fp8, 64).twin_tiles());
-        for (mma, bn) in [(Mma::Fp8, 32), (Mma::Fp8, 128), (Mma::Bf16, 96)] {
+        // BF16: 24 KiB of activations and both tiles' blocks.
+        let bf16 = plan(Mma::Bf16, 96);
+        assert!(bf16.twin_tiles() && bf16.cluster == 1);
+        assert_eq!(bf16.stage_bytes, 41 * 1024);
+        assert_eq!(bf16.stages, 5);
+        for (mma, bn) in [(Mma::Fp8, 32), (Mma::Fp8, 128), (Mma::Bf16, 128)] {
             assert!(!plan(mma, bn).twin_tiles(), "{mma} {bn}");
         }
         let two_ctas = plan(Mma::Fp8, 96).with_ctas_per_sm(2);
