@@ -189,9 +189,12 @@ __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   // a time, so that k times the warps share the work. A BF16 pool's row (widened, twice the bytes
   // stored) goes in kRowParts parts of its channels: a token a warp leaves the grid's last round
   // mostly idle at T = 2048 (1.3 tokens a warp), and three parts gain 1-1.5 % there, where an FP8
-  // row's parts cost 0.5 % at T = 8192 (perf.md v104).
+  // row's parts cost 0.5 % at T = 8192 (perf.md v104). Such rows go whole once their parts fill
+  // half the warps (T ≥ 264 on V4-Pro): a row widened once for its k slots beats two rounds of
+  // pairs, each widening its row (mx32 T = 384 … 1000 −0.7 … −0.9 %, v108). The two-CTA kernels'
+  // rule stays as it is (a factor there made ptxas serialize a 32-token kernel's wgmmas, C7511).
   constexpr int kRowParts = !kL1Fp8Pool && kUnroll >= 8 ? 3 : 1;
-  const bool whole = tokens * parts >= (int)gridDim.x * kWarps;
+  const bool whole = tokens * parts * (kRowParts > 1 ? 2 * kRowParts : 1) >= (int)gridDim.x * kWarps;
   over_warps(whole ? tokens * kRowParts : route.pairs, whole ? 1 : parts, [&](int item, int t, int threads) {
     const int token = whole ? item / kRowParts : item / k, j0 = whole ? 0 : item - token * k, j1 = whole ? k : j0 + 1;
     if (whole) {
