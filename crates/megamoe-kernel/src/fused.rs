@@ -231,7 +231,7 @@ pub fn fused_spec(recipe: Recipe, [l1, l2]: [TilePlan; 2]) -> Result<KernelSpec,
     // Known to fall short of registers: the BF16 L1's 32-token tile with two CTAs per SM spills 4 B
     // (mx32; a value stored and reloaded once per tile; perf.md v80/v82, v105), and mx32's 96-token
     // twin tiles (both layers BF16) 12 B stored, 64 B reloaded — one value, at the roles' entries
-    // and in the epilogues' paths, none between the main loops' wgmmas (perf.md v107). They may
+    // and in the epilogues' paths, none between the main loops' wgmmas (perf.md v108). They may
     // spill, never serialize their wgmmas (`cargo xtask kernels` fails any kernel on that).
     let known_shortfall = l1.mma == Mma::Bf16
         && ((l1.ctas_per_sm == 2 && l1.tokens_per_tile == 32)
