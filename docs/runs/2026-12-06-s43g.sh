@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Session 43's last call: 52bfe28 (old: session 42's main) against the landed code (new: the BF16
 # twins and the whole-token dispatch, a120cb0's kernels) in two alternating rounds, the bar's two
-# routes, T = 8 … 8192 — on an H200 the bar's table. Bundle .device/s43g.tgz: bin/megamoe.old =
-# target/s42-tf's CLI (runs/2026-12-06-s43a-pack.sh's main), bin/megamoe.new = s43f's wd.
+# routes, T = 8 … 8192 — on an H200 the bar's table. Bundle .device/s43g.tgz: in call 10,
+# bin/megamoe.old = target/s42-tf's CLI (runs/2026-12-06-s43a-pack.sh's main), bin/megamoe.new =
+# s43f's wd; for the next call, runs/2026-12-06-s43g-pack.sh builds old (52bfe28) and new (HEAD).
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
   LD_LIBRARY_PATH=/usr/local/cuda/lib64 MEGAMOE_REQUIRE_GPUS=1 PATH=/usr/local/cuda/bin:$PATH NO_COLOR=1
