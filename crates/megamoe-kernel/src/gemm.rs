@@ -401,7 +401,7 @@ impl TilePlan {
     /// (`Layout::kTwin`): one-CTA tiles of at most 96 tokens, where a stage's cost is mostly
     /// fixed and not its wgmmas', so each consumer warpgroup takes 64 rows of both tiles and every
     /// stage's activations (and FP8 scales) serve twice the tensor work (FP8: perf.md v89; BF16,
-    /// whose units were single tiles in clusters of two sharing the activations: v95, v107).
+    /// whose units were single tiles in clusters of two sharing the activations: v95, v108).
     pub fn twin_tiles(&self) -> bool {
         self.ctas_per_sm == 1 && self.tokens_per_tile <= 96
     }
