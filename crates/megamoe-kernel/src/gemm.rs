@@ -379,19 +379,14 @@ impl TilePlan {
         assert!(matches!(ctas_per_sm, 1 | 2), "{ctas_per_sm} CTAs per SM");
         let plan = Self {
             ctas_per_sm,
-            cluster: 1,
             ..self
         };
+        let clustered = ctas_per_sm == 1
+            && plan.mma == Mma::Bf16
+            && !plan.epilogue.pairs()
+            && !plan.twin_tiles();
         Self {
-            cluster: if ctas_per_sm == 1
-                && self.mma == Mma::Bf16
-                && !self.epilogue.pairs()
-                && !plan.twin_tiles()
-            {
-                2
-            } else {
-                1
-            },
+            cluster: if clustered { 2 } else { 1 },
             ..plan
         }
         .with_stages_that_fit()
