@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds session 44's fourth call: .device/s44d.tgz with `cargo xtask gpu-bundle` of hb (1ec1330 +
 # s44-two-handoff-boxes-hb.patch and the sanitizer's 256-token fused case), checked by its mark;
-# main is .device/s43g.tgz's megamoe.new (runs/2026-12-06-s43g-pack.sh). Then: `bash .device/s44d.sh`
-# (carry ".device").
+# main is .device/s43g.tgz's megamoe.new (runs/2026-12-06-s43g-pack.sh). Then `bash .device/s44d.sh`,
+# or, with ev and ns (runs/2026-12-06-s44e-pack.sh) in less device time, `bash .device/s44f.sh`
+# (carry ".device"). Neither ran in session 44: no machine started after the third call.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
 eval "$(cargo xtask setup-cuda | grep '^export')"
