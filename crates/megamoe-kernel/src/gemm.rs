@@ -381,15 +381,21 @@ impl TilePlan {
             ctas_per_sm,
             ..self
         };
-        let clustered = ctas_per_sm == 1
-            && plan.mma == Mma::Bf16
-            && !plan.epilogue.pairs()
-            && !plan.twin_tiles();
         Self {
-            cluster: if clustered { 2 } else { 1 },
+            cluster: if ctas_per_sm == 1 && plan.may_cluster() {
+                2
+            } else {
+                1
+            },
             ..plan
         }
         .with_stages_that_fit()
+    }
+
+    /// Whether the tile may run in clusters of two (`cluster`): the BF16 route, unless the epilogue
+    /// walks tiles in pairs or a unit is two tiles already.
+    fn may_cluster(&self) -> bool {
+        self.mma == Mma::Bf16 && !self.epilogue.pairs() && !self.twin_tiles()
     }
 
     /// Whether a unit of work is two neighbouring weight tiles of one token block at once
@@ -503,11 +509,7 @@ impl TilePlan {
     /// twin tiles).
     pub fn with_cluster(self, cluster: usize) -> Self {
         assert!(
-            cluster == 1
-                || (cluster == 2
-                    && self.mma == Mma::Bf16
-                    && !self.epilogue.pairs()
-                    && !self.twin_tiles()),
+            cluster == 1 || (cluster == 2 && self.may_cluster()),
             "cluster of {cluster} on the {} route with {:?}",
             self.mma,
             self.epilogue
