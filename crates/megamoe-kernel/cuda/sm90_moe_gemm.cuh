@@ -275,15 +275,19 @@ struct Layout {
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
   static constexpr bool kBoxEpilogue = !kHandoff && kFp8 && kCtas == 1;
-  // The hand-off region: a word per (weight row pair, token) of the tile for the epilogue's box,
-  // then the full / empty mbarriers of the hand-over.
-  static constexpr int kHandoffBytes = 256 * kUnitTokens;
+  // The hand-off region: kHandoffBoxes boxes of a word per (weight row pair, token) of a tile,
+  // then each box's full mbarrier, then each box's empty one. Twin units hand two tiles over at
+  // once: with a box each, the consumers go on to their next unit while the epilogue warps still
+  // work on the first tile (one box held them until the first tile's epilogue was done).
+  static constexpr int kHandoffBoxes = kHandoff && kTwin ? 2 : 1;
+  static constexpr int kHandoffBytes = 256 * kUnitTokens;  // a box
   // Warps of the producer warpgroup that run the epilogue: those neither the producer thread's
   // warp nor (FP8) the converter warp.
   static constexpr int kEpilogueWarps = !kHandoff ? 0 : kFp8 ? 2 : 3;
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
   // The epilogue's shared memory: the hand-off region, the BF16 box, or none.
-  static constexpr int kEpilogueBytes = kHandoff ? kHandoffBytes + 16 : kBoxEpilogue ? 2 * kUnitTokens * 128 : 0;
+  static constexpr int kEpilogueBytes =
+      kHandoff ? kHandoffBoxes * (kHandoffBytes + 16) : kBoxEpilogue ? 2 * kUnitTokens * 128 : 0;
   static constexpr int kScaleChunksBytes = kScaleChunks * kScaleChunkBytes;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes - kScaleChunksBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
@@ -321,8 +325,10 @@ struct Layout {
   // Offsets from the aligned base: the barriers and tables are found from it, not kept in registers.
   static constexpr int kScaleChunksAt = kStages * kStageBytes;  // 1024-B aligned, as the TMA wants
   static constexpr int kEpilogueAt = kScaleChunksAt + kScaleChunksBytes;
-  static constexpr int kHandoffFullAt = kEpilogueAt + kHandoffBytes;  // count: the 256 consumer threads
-  static constexpr int kHandoffEmptyAt = kHandoffFullAt + 8;          // count: the epilogue threads
+  // Box b's full mbarrier (count: the 256 consumer threads) and empty one (count: the epilogue
+  // threads) are the b-th after these.
+  static constexpr int kHandoffFullAt = kEpilogueAt + kHandoffBoxes * kHandoffBytes;
+  static constexpr int kHandoffEmptyAt = kHandoffFullAt + 8 * kHandoffBoxes;
   static constexpr int kFullAt = kEpilogueAt + kEpilogueBytes;
   static constexpr int kEmptyAt = kFullAt + 8 * kStages;
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;
@@ -1631,8 +1637,10 @@ struct Gemm {
         mbar_init(&empty[s], 8 * kCluster);  // every consumer warp of the cluster
       }
       if constexpr (kHandoff) {
-        mbar_init((u64*)(smem + L::kHandoffFullAt), 256);
-        mbar_init((u64*)(smem + L::kHandoffEmptyAt), L::kEpilogueThreads);
+        for (int b = 0; b < L::kHandoffBoxes; ++b) {
+          mbar_init((u64*)(smem + L::kHandoffFullAt) + b, 256);
+          mbar_init((u64*)(smem + L::kHandoffEmptyAt) + b, L::kEpilogueThreads);
+        }
       }
       fence_barrier_init();
     }
@@ -1718,8 +1726,7 @@ struct Gemm {
     if (threadIdx.x == 0) {
       for (int b = 0; b < L::kBarriers; ++b) mbar_inval((u64*)(smem + L::kFullAt) + b);
       if constexpr (kHandoff) {
-        mbar_inval((u64*)(smem + L::kHandoffFullAt));
-        mbar_inval((u64*)(smem + L::kHandoffEmptyAt));
+        for (int b = 0; b < 2 * L::kHandoffBoxes; ++b) mbar_inval((u64*)(smem + L::kHandoffFullAt) + b);
       }
     }
     __syncthreads();

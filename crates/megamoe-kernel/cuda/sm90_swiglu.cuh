@@ -102,7 +102,8 @@ struct SwigluOut {
   }
 
   // ------------------------------------------------------------ the hand-off box
-  // The GEMM's hand-off region (Layout's kHandoff*) starts with the box: token row tau holds 64
+  // The GEMM's hand-off region (Layout's kHandoff*) starts with its boxes (two for twin units, tile
+  // seq in box seq % Layout::kHandoffBoxes): token row tau of a box holds 64
   // words (one per channel of the tile) in 16 chunks of 4 channels; chunk k sits at k ^ (tau % 8),
   // so the consumers' stores (8 channels x 4 tokens a warp) and the epilogue's 16-byte loads (a
   // token per lane) both hit all 32 banks. Once it has taken the box, the epilogue keeps h there in
@@ -111,9 +112,9 @@ struct SwigluOut {
   template <int BN>
   static constexpr int kBoxBytes = 256 * BN;
 
-  // Consumers (every thread of both warpgroups): once the box is free (the epilogue has taken the
-  // previous unit, `d.seq` - 1), this thread's gate/up words of its channel into it. The
-  // warpgroups then go on to their next unit.
+  // Consumers (every thread of both warpgroups): once tile `d.seq`'s box is free (the epilogue has
+  // taken the tile before it in that box: `d.seq` - Layout::kHandoffBoxes), this thread's gate/up
+  // words of its channel into it. The warpgroups then go on to their next unit.
   template <class C>
   __device__ __forceinline__ void tile(C& c, const GemmParams&, const void*, const UnitDesc& d) const {
     using L = typename C::L;
@@ -121,15 +122,16 @@ struct SwigluOut {
     // Read afresh (volatile): derived from the consumer's members, ptxas holds it across the main
     // loop, where it spills.
     const int tid = (int)sm90::fresh_tid_x() - 128, ch = 8 * (tid / 32) + tid % 32 / 4, t = tid % 4;
-    gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt), (d.seq & 1) ^ 1, c.smem + L::kRingErrorAt);
-    u32* words = reinterpret_cast<u32*>(c.smem + L::kEpilogueAt);
+    const u32 box = d.seq % L::kHandoffBoxes, round = d.seq / L::kHandoffBoxes;
+    gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt) + box, (round & 1) ^ 1, c.smem + L::kRingErrorAt);
+    u32* words = reinterpret_cast<u32*>(c.smem + L::kEpilogueAt + box * L::kHandoffBytes);
     // Block b: tokens 8b + 2t (+ 1), gate acc[4b (+ 1)], up acc[4b + 2 (+ 1)]; token 8b + x's
     // word of the channel is block 0's token x's plus 512 b words. The overhang's blocks go over
     // whether the unit has those rows or not (the epilogue reads only its rows): a branch there
     // made ptxas serialize the fused kernel's wgmmas (C7511).
     hand_over_blocks<L::kUnitTokens / 8>(c, sm90::smem_addr(words + box_word(2 * t, ch)),
                                          sm90::smem_addr(words + box_word(2 * t + 1, ch)));
-    sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt));  // release: the words are visible to the epilogue
+    sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt) + box);  // release: the words are visible to the epilogue
   }
 
   template <int kBlocks, int b = 0, class C>
@@ -145,8 +147,9 @@ struct SwigluOut {
   template <class C>
   __device__ __forceinline__ void finish(C& c, const UnitDesc& end) const {
     using L = typename C::L;
-    gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt), (end.seq & 1) ^ 1, c.smem + L::kRingErrorAt);
-    sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt));
+    const u32 box = end.seq % L::kHandoffBoxes, round = end.seq / L::kHandoffBoxes;
+    gemm::ring_wait((u64*)(c.smem + L::kHandoffEmptyAt) + box, (round & 1) ^ 1, c.smem + L::kRingErrorAt);
+    sm90::mbar_arrive((u64*)(c.smem + L::kHandoffFullAt) + box);
   }
 
   // ------------------------------------------------------------ the epilogue warps
@@ -190,10 +193,10 @@ struct SwigluOut {
       float sl[kRound][4];
 #pragma unroll
       for (int i = 0; i < kRound; ++i) {
-        sl[i][0] = __ldg(s.silu + silu_entry(gu[i].x, clamp));
-        sl[i][1] = __ldg(s.silu + silu_entry(gu[i].y, clamp));
-        sl[i][2] = __ldg(s.silu + silu_entry(gu[i].z, clamp));
-        sl[i][3] = __ldg(s.silu + silu_entry(gu[i].w, clamp));
+        sl[i][0] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].x, clamp));
+        sl[i][1] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].y, clamp));
+        sl[i][2] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].z, clamp));
+        sl[i][3] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].w, clamp));
       }
       float m = 0.0f;
 #pragma unroll
@@ -245,7 +248,8 @@ struct SwigluOut {
     // Unit seq's descriptor is in the producer's ring (slot seq % kUnitSlots) until the consumers'
     // next unit but one (Layout::kUnitSlots).
     for (u32 seq = 0, slot = 0;; ++seq, slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
-      gemm::ring_wait((u64*)(smem + L::kHandoffFullAt), seq & 1, smem + L::kRingErrorAt);
+      const u32 box = seq % L::kHandoffBoxes;
+      gemm::ring_wait((u64*)(smem + L::kHandoffFullAt) + box, seq / L::kHandoffBoxes & 1, smem + L::kRingErrorAt);
       const UnitDesc* desc = reinterpret_cast<const UnitDesc*>(smem + L::kUnitsAt) + slot;
       const int ch0 = desc->n_col / 2;  // the tile's first channel; a cluster's ghost tile: past I
       const int rows = ch0 < s.inter ? desc->rows : 0, row0 = desc->row0;
@@ -257,7 +261,7 @@ struct SwigluOut {
       const float clamp = s.has_clamp ? s.clamp : __int_as_float(0x7f800000);
 #pragma unroll 1
       for (int tau = thread / kLanes, n = 0; tau < rows; tau += kThreads / kLanes, ++n) {
-        u32* row = reinterpret_cast<u32*>(smem + L::kEpilogueAt) + tau * 64;
+        u32* row = reinterpret_cast<u32*>(smem + L::kEpilogueAt + box * L::kHandoffBytes) + tau * 64;
         const int swizzle = tau & 7;
         // G = 128: this CTA's spill slot, [chunk k of 4 channels][token] float4; this token's
         // chunks, on their way to L1 while h is computed when the first tile's h is to come back.
@@ -299,7 +303,7 @@ struct SwigluOut {
         }
         if (kFp8Pool && j == 0) s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + row0 + tau] = (u8)e0;
       }
-      sm90::mbar_arrive((u64*)(smem + L::kHandoffEmptyAt));  // the box is the consumers' again
+      sm90::mbar_arrive((u64*)(smem + L::kHandoffEmptyAt) + box);  // the box is the consumers' again
       if (s.row_arrivals && ch0 < s.inter) count_rows<kThreads>(row0);
     }
   }

@@ -191,17 +191,18 @@ const fn box_epilogue(mma: Mma, ctas_per_sm: usize) -> bool {
 }
 
 /// The epilogue's shared memory (`kEpilogueBytes`): for the SwiGLU epilogue the hand-off region
-/// (a 4-byte gate/up word per (channel, token) of a unit and two mbarriers: the consumers hand
-/// each tile to the epilogue warps there, `kHandoff`), for BF16 out the box where there is one;
-/// `unit_tokens`: [`TilePlan::unit_tokens`].
+/// (`handoff_boxes` boxes of a 4-byte gate/up word per (channel, token) of a unit, two mbarriers
+/// each: the consumers hand each tile to the epilogue warps there, `kHandoff`), for BF16 out the
+/// box where there is one; `unit_tokens`: [`TilePlan::unit_tokens`].
 const fn epilogue_bytes(
     mma: Mma,
     ctas_per_sm: usize,
     unit_tokens: usize,
+    handoff_boxes: usize,
     epilogue: Epilogue,
 ) -> usize {
     match epilogue {
-        Epilogue::Swiglu { .. } => 256 * unit_tokens + 16,
+        Epilogue::Swiglu { .. } => handoff_boxes * (256 * unit_tokens + 16),
         Epilogue::Bf16Out if box_epilogue(mma, ctas_per_sm) => 2 * unit_tokens * 128,
         Epilogue::Bf16Out => 0,
     }
@@ -437,6 +438,13 @@ impl TilePlan {
         self.tokens_per_tile + self.overhang_rows()
     }
 
+    /// Hand-off boxes of a SwiGLU epilogue (`Layout::kHandoffBoxes`): one a tile of a twin unit,
+    /// so that the consumers hand the second tile over while the epilogue warps work on the first
+    /// (perf.md v109), one otherwise.
+    fn handoff_boxes(&self) -> usize {
+        if self.twin_tiles() { 2 } else { 1 }
+    }
+
     /// Weight tiles a stage holds in their own place (2 with twin tiles).
     fn stage_tiles(&self) -> usize {
         if self.twin_tiles() { 2 } else { 1 }
@@ -493,6 +501,7 @@ impl TilePlan {
                 self.mma,
                 self.ctas_per_sm,
                 self.unit_tokens(),
+                self.handoff_boxes(),
                 self.epilogue,
             )
             - self.scale_chunks_bytes())
@@ -616,6 +625,7 @@ impl TilePlan {
                 self.mma,
                 self.ctas_per_sm,
                 self.unit_tokens(),
+                self.handoff_boxes(),
                 self.epilogue,
             )
             + (8 * (3 * self.stages + self.scale_chunk_buffers())).next_multiple_of(16)

@@ -157,18 +157,27 @@ fn fused_equals_unfused_tiny_every_route() {
     }
 }
 
-/// The sanitizer's cases (xtask/src/sanitize.rs): one small forward of each recipe, checked, on
+/// The sanitizer's cases (xtask/src/sanitize.rs): small forwards of each recipe, checked, on
 /// `ranks` ranks sharing GPU 0 (compute-sanitizer runs both ranks' kernels at once, as their
-/// device meetings need).
+/// device meetings need): 24 tokens (two-CTA tiles) and 256 (64 rows an expert at R = 1: the
+/// 96-token one-CTA twin units, whose two tiles the SwiGLU epilogue takes through two hand-off
+/// boxes).
 fn tiny_one_forward(ranks: usize) {
     for (recipe, routes) in [
         (Recipe::Mx32, Routes::EXACT),
         (Recipe::G128, Routes::both(Mma::Fp8)),
     ] {
         let config = Config::tiny().with_recipe(recipe).with_ranks(ranks);
-        let p = generated_problem(config, 24, 93, 0.1);
+        let p = generated_problem(config, 256, 93, 0.1);
         let what = format!("tiny {recipe}/{routes} R={ranks} fused, sanitizer case");
-        run_cases(&what, &p, routes, &[24], Placement::one_gpu(ranks), true);
+        run_cases(
+            &what,
+            &p,
+            routes,
+            &[256, 24],
+            Placement::one_gpu(ranks),
+            true,
+        );
     }
 }
 
