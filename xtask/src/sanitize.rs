@@ -173,15 +173,15 @@ pub struct KnownHazard {
     pub why: &'static str,
 }
 
-/// The GEMM's stage ring: each consumer warp frees a stage with one arrive of lane 0 after
-/// `__syncwarp()` (which orders the other lanes' reads before it), and the producer waits for that
-/// arrive before it reloads the stage (and the converter warp rewrites the stage's scales only
-/// after that reload lands). Racecheck credits an arrive with the arriving thread's own accesses
-/// only, so it reports the reads of lanes 1–31 against the next round's writes; the tests' results
-/// are checked against the reference all the same. Every lane arriving itself would give racecheck
-/// the order it looks for, but makes ptxas spill the 128-token FP8 kernels (48 B), which
-/// `cargo xtask kernels` refuses (perf.md v72). The read sites are the two that racecheck names:
-/// the stage's decode (`load_stage`, or `decode_tile` where racecheck names the decode's own
+/// The GEMM's stage ring (the first three): each consumer warp frees a stage with one arrive of
+/// lane 0 after `__syncwarp()` (which orders the other lanes' reads before it), and the producer
+/// waits for that arrive before it reloads the stage (and the converter warp rewrites the stage's
+/// scales only after that reload lands). Racecheck credits an arrive with the arriving thread's own
+/// accesses only, so it reports the reads of lanes 1–31 against the next round's writes; the
+/// tests' results are checked against the reference all the same. Every lane arriving itself would
+/// give racecheck the order it looks for, but makes ptxas spill the 128-token FP8 kernels (48 B),
+/// which `cargo xtask kernels` refuses (perf.md v72). The read sites are the two that racecheck
+/// names: the stage's decode (`load_stage`, or `decode_tile` where racecheck names the decode's own
 /// frame) and the promotion's scales (`chunk_scales`). Racecheck reports a pair write-first or,
 /// when it saw the read first, read-first; the runner matches either.
 pub const KNOWN_HAZARDS: &[KnownHazard] = &[
@@ -199,6 +199,16 @@ pub const KNOWN_HAZARDS: &[KnownHazard] = &[
         write: "mm::gemm::ScaleConverter<",
         read: "::chunk_scales<",
         why: "the converter warp's scales for a stage the consumer warps freed (lane-0 arrive)",
+    },
+    // Two ranks' fused kernels on one GPU meet in `rank_barrier`, each rank's CTA 0 at once. Within
+    // a CTA the pair racecheck names at one shared word — a read after the entry barrier (line 170)
+    // and thread 0's rewrite of the error word (line 190) — lie on either side of a `__syncthreads`;
+    // racecheck reports it only there and only now and then (main and hb alike, perf.md v110), as
+    // if it kept one shadow of CTA (0,0,0)'s shared memory for both ranks' grids.
+    KnownHazard {
+        write: "barriers::rank_barrier(",
+        read: "barriers::rank_barrier(",
+        why: "two ranks' CTA 0 in rank_barrier at once on one GPU (its reads and rewrite lie on either side of a __syncthreads)",
     },
 ];
 
