@@ -201,10 +201,10 @@ pub const KNOWN_HAZARDS: &[KnownHazard] = &[
         why: "the converter warp's scales for a stage the consumer warps freed (lane-0 arrive)",
     },
     // Two ranks' fused kernels on one GPU meet in `rank_barrier`, each rank's CTA 0 at once. Within
-    // a CTA the pair racecheck names at one shared word — a read after the entry barrier (line 170)
-    // and thread 0's rewrite of the error word (line 190) — lie on either side of a `__syncthreads`;
-    // racecheck reports it only there and only now and then (main and hb alike, perf.md v110), as
-    // if it kept one shadow of CTA (0,0,0)'s shared memory for both ranks' grids.
+    // a CTA the pair racecheck names at one shared word — the threads' read after the entry
+    // barrier and thread 0's rewrite of the error word after the wait — lie on either side of a
+    // `__syncthreads`; racecheck reports it only there and only now and then, with one box or two
+    // (perf.md v110), as if it kept one shadow of CTA (0,0,0)'s shared memory for both ranks' grids.
     KnownHazard {
         write: "barriers::rank_barrier(",
         read: "barriers::rank_barrier(",

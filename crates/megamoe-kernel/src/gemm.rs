@@ -438,15 +438,10 @@ impl TilePlan {
         self.tokens_per_tile + self.overhang_rows()
     }
 
-    /// Hand-off boxes of a SwiGLU epilogue (`Layout::kHandoffBoxes`): one a tile of a twin unit,
-    /// so that the consumers hand the second tile over while the epilogue warps work on the first
-    /// (perf.md v109), one otherwise.
-    fn handoff_boxes(&self) -> usize {
-        if self.twin_tiles() { 2 } else { 1 }
-    }
-
-    /// Weight tiles a stage holds in their own place (2 with twin tiles).
-    fn stage_tiles(&self) -> usize {
+    /// Weight tiles a unit holds side by side (2 with twin tiles): a stage has a place for each,
+    /// and a SwiGLU epilogue a hand-off box for each (`Layout::kHandoffBoxes`), so that the
+    /// consumers hand the second tile over while the epilogue warps work on the first.
+    fn side_by_side_tiles(&self) -> usize {
         if self.twin_tiles() { 2 } else { 1 }
     }
 
@@ -469,7 +464,7 @@ impl TilePlan {
             Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
             Mma::Bf16 => (bn * 128 * 2, 0),
         };
-        (act + self.stage_tiles() * WEIGHT_BLOCK_BYTES + sf).next_multiple_of(1024)
+        (act + self.side_by_side_tiles() * WEIGHT_BLOCK_BYTES + sf).next_multiple_of(1024)
     }
 
     /// Whether the producer loads the token scales a chunk of [`SCALE_CHUNK_BLOCKS`] k-blocks at a
@@ -501,7 +496,7 @@ impl TilePlan {
                 self.mma,
                 self.ctas_per_sm,
                 self.unit_tokens(),
-                self.handoff_boxes(),
+                self.side_by_side_tiles(),
                 self.epilogue,
             )
             - self.scale_chunks_bytes())
@@ -625,7 +620,7 @@ impl TilePlan {
                 self.mma,
                 self.ctas_per_sm,
                 self.unit_tokens(),
-                self.handoff_boxes(),
+                self.side_by_side_tiles(),
                 self.epilogue,
             )
             + (8 * (3 * self.stages + self.scale_chunk_buffers())).next_multiple_of(16)
