@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Session 47, prepared (runs/2026-12-06-s47d-pack.sh builds .device/s47d.tgz: main; lsw2 = the layer
+# switch with the epilogue's tile-or-end wait asleep on the box (try_wait, not a loop of tests) and
+# the meeting by every thread; sd = lsw2 + the pair's first tile stored at once): main / lsw2 / sd,
+# fused forwards, burst clock, two alternating rounds, T = 8 ... 8192; the timelines at T = 2048
+# (main, lsw2: the L1 tiles beside a waiting epilogue, the L1 -> L2 gap); lsw2's gates —
+# gpu_fused, the sanitizer, gpu_unfused, gpu_engine, gpu_gemm — then sd's gpu_fused, as long as
+# BUDGET lasts. Logs into $OUT/all.tgz after each step.
+set -uo pipefail
+export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
+  LD_LIBRARY_PATH=/usr/local/cuda/lib64 MEGAMOE_REQUIRE_GPUS=1 PATH=/usr/local/cuda/bin:$PATH NO_COLOR=1
+D=/tmp/s47d; rm -rf $D; mkdir -p $D; tar xzf .device/s47d.tgz -C $D
+mkdir -p $D/bin; for v in main lsw2 sd; do cp $D/$v/bin/megamoe $D/bin/megamoe.$v; done
+L=/tmp/logs; rm -rf $L; mkdir -p $L
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a $L/steps.txt; }
+left() { echo $(( ${BUDGET:-540} - ($(date +%s) - t0) )); }
+save() { tar czf $OUT/all.tgz -C /tmp logs; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee $L/gpu.txt; save
+B="bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes g128/fp8,mx32/bf16 --path fused"
+T=8,128,512,1000,2048,8192
+el warm
+for v in main lsw2 sd; do ( timeout 150 $D/bin/megamoe.$v $B --tokens $T --reps 1 > $L/warm.$v.log 2>&1 ) & done
+wait; save
+for r in 1 2; do for v in main lsw2 sd; do
+  el bench $v $r
+  timeout 70 $D/bin/megamoe.$v $B --tokens $T --reps 5 > $L/bench.$v.$r.log 2>&1 || echo "bench $v $r rc $?"
+done; python3 .device/bench_table.py main=$(ls $L/bench.main.*.log | paste -sd,) lsw2=$(ls $L/bench.lsw2.*.log | paste -sd,) \
+  sd=$(ls $L/bench.sd.*.log | paste -sd,) > $L/table.txt 2>&1; save; done
+cat $L/table.txt
+for v in main lsw2; do
+  el timeline $v
+  timeout 40 $D/bin/megamoe.$v bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes g128/fp8,mx32/bf16 --path fused \
+    --tokens 2048 --reps 1 --timeline $L/tl.$v > $L/tl.$v.log 2>&1 || echo "timeline $v rc $?"
+  python3 .device/tl_stats.py $L/tl.$v/*.json > $L/tl_stats.$v.txt 2>&1; grep -E "json|gap|L2 end|l1_tiles" $L/tl_stats.$v.txt | cut -c1-150
+done; save
+gate() {  # variant, test filter
+  (( $(left) > 40 )) || { echo "no time for $1 $2"; return; }
+  el $2 $1; TEST_TIMEOUT=100 timeout $(( $(left) - 5 )) $D/$1/run.sh $2 > $L/gates.$2.$1.log 2>&1
+  grep -E "^FAIL|passed" $L/gates.$2.$1.log | cut -c1-150; save
+}
+gate lsw2 gpu_fused
+if (( $(left) > 50 )); then
+  el sanitize lsw2
+  SANITIZE_LOGS=$L/sanitize.lsw2 SANITIZE_TIMEOUT=$(( $(left) - 40 )) timeout $(( $(left) - 35 )) $D/lsw2/sanitize.sh "" gpu_fused > $L/sanitize.lsw2.log 2>&1
+  grep -hE "CLEAN|KNOWN|SKIP|FAIL|clean," $L/sanitize.lsw2.log | cut -c1-160; save
+fi
+gate lsw2 gpu_unfused; gate lsw2 gpu_engine; gate lsw2 gpu_gemm; gate sd gpu_fused
+el done; save
