@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # A fused forward's timeline JSON (`megamoe bench --timeline`) in a few lines: the glue's stages,
 # the first L1 tile, each CTA's L1 -> L2 gap, the L2's end over the CTAs against the top-k sums'
-# start (the tail), tiles a CTA and their times (µs; p10 / p50 / p90 over the CTAs).
+# start (the tail), tiles a CTA and their times (µs; p10 / p50 / p90 over the CTAs), and the L1
+# tiles' times by their place in the CTA (0, 1, 2, 3 or more; "last"), with their mean.
 import collections, json, statistics, sys
 
 def q(a):
@@ -27,3 +28,10 @@ for f in sys.argv[1:]:
     for k in ("l1_tile", "l2_tile"):
         n = collections.Counter(len(d[k]) for d in ctas.values())
         print(f"  {k}s a CTA {dict(sorted(n.items()))}, a tile {q([b - a for d in ctas.values() for a, b in d[k]])}")
+    by_place = collections.defaultdict(list)
+    for d in ctas.values():
+        t = sorted(d["l1_tile"])
+        for i, (a, b) in enumerate(t):
+            by_place["last" if i == len(t) - 1 else str(min(i, 3))].append(b - a)
+    print("  l1_tile by place " + "; ".join(
+        f"{k}: {q(v)} mean {statistics.mean(v):.1f}" for k, v in sorted(by_place.items())))

@@ -24,5 +24,4 @@ tar czf .device/s48a.tgz -C "$pack" .
 cp docs/runs/2026-12-06-s48a.sh .device/s48a.sh
 cp docs/runs/2026-12-05-s38-bench_table.py .device/bench_table.py
 cp docs/runs/2026-12-06-s42-tl_stats.py .device/tl_stats.py
-cp docs/runs/2026-12-06-s48-tl_pos.py .device/tl_pos.py
 du -sh .device/*.tgz

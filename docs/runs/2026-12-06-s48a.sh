@@ -29,8 +29,7 @@ for v in $V; do
   el timeline $v
   timeout 60 $D/bin/megamoe.$v $B --tokens 8,512,2048 --reps 1 --timeline $L/tl.$v > $L/tl.$v.log 2>&1 || echo "timeline $v rc $?"
   python3 .device/tl_stats.py $L/tl.$v/*.json > $L/tl_stats.$v.txt 2>&1
-  python3 .device/tl_pos.py $L/tl.$v/*.json > $L/tl_pos.$v.txt 2>&1
-  grep -E "json|gap|a tile" $L/tl_stats.$v.txt | cut -c1-150
+  grep -E "json|gap|a tile|by place" $L/tl_stats.$v.txt | cut -c1-200
 done; save
 gate() {  # variant, test filter
   (( $(left) > 40 )) || { echo "no time for $1 $2"; return; }
