@@ -21,7 +21,7 @@ T=8,128,512,1000,2048,8192
 el warm
 for v in $V; do ( timeout 150 $D/bin/megamoe.$v $B --tokens $T --reps 1 > $L/warm.$v.log 2>&1 ) & done
 wait; save; grep -iE "error|panick" $L/warm.sf.log | head -5
-for r in 1 2 3; do for v in $V; do
+for r in ${ROUNDS:-1 2 3}; do for v in $V; do
   el bench $v $r
   timeout 70 $D/bin/megamoe.$v $B --tokens $T --reps 5 > $L/bench.$v.$r.log 2>&1 || echo "bench $v $r rc $?"
 done; python3 .device/bench_table.py $(for v in $V; do echo -n "$v=$(ls $L/bench.$v.*.log | paste -sd,) "; done) > $L/table.txt 2>&1; save; done
