@@ -285,9 +285,12 @@ struct Layout {
   // warp nor (FP8) the converter warp.
   static constexpr int kEpilogueWarps = !kHandoff ? 0 : kFp8 ? 2 : 3;
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
-  // The epilogue's shared memory: the hand-off region, the BF16 box, or none.
+  // The SwiGLU epilogue's SiLU table (unfused::kSiluTableBytes), kept in shared memory so that its
+  // lookups take no L1 or L2 traffic (perf.md v114), after the hand-off region.
+  static constexpr int kSiluBytes = kHandoff ? 4112 : 0;
+  // The epilogue's shared memory: the hand-off region and the SiLU table, the BF16 box, or none.
   static constexpr int kEpilogueBytes =
-      kHandoff ? kHandoffBoxes * (kHandoffBytes + 16) : kBoxEpilogue ? 2 * kUnitTokens * 128 : 0;
+      kHandoff ? kHandoffBoxes * (kHandoffBytes + 16) + kSiluBytes : kBoxEpilogue ? 2 * kUnitTokens * 128 : 0;
   static constexpr int kScaleChunksBytes = kScaleChunks * kScaleChunkBytes;
   static constexpr int kBudget = (kCtas == 1 ? 221 : 108) * 1024 - kEpilogueBytes - kScaleChunksBytes;
   static constexpr int kStages = (kBudget / kStageBytes) > 16 ? 16 : (kBudget / kStageBytes);
@@ -329,6 +332,7 @@ struct Layout {
   // threads) are the b-th after these.
   static constexpr int kHandoffFullAt = kEpilogueAt + kHandoffBoxes * kHandoffBytes;
   static constexpr int kHandoffEmptyAt = kHandoffFullAt + 8 * kHandoffBoxes;
+  static constexpr int kSiluAt = kHandoffEmptyAt + 8 * kHandoffBoxes;  // 16-B aligned
   static constexpr int kFullAt = kEpilogueAt + kEpilogueBytes;
   static constexpr int kEmptyAt = kFullAt + 8 * kStages;
   static constexpr int kScalesReadyAt = kEmptyAt + 8 * kStages;

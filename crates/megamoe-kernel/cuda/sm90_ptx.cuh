@@ -158,13 +158,6 @@ template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // The line of global address p into this SM's L1, without a register to wait on.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-// A read-only load whose line the L1 evicts last: a small table read all through a kernel keeps
-// its lines while other data (the SwiGLU epilogue's spill) passes through the L1.
-__device__ __forceinline__ float ld_nc_l1_kept(const float* at) {
-  float v;
-  asm("ld.global.nc.L1::evict_last.f32 %0, [%1];" : "=f"(v) : "l"(at));
-  return v;
-}
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }

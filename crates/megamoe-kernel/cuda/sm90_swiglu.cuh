@@ -39,7 +39,7 @@ typedef unsigned long long u64;
 
 struct SwigluParams {
   const unfused::RowMeta* meta;  // [pool rows]: each row's top-k weight
-  const float* silu;             // [65537] silu(g) of every BF16 g, then of the clamp (uf_silu_table)
+  const u32* silu;               // the SiLU table (unfused::kSiluTableWords, uf_silu_table)
   u8* l2_act;                    // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I] (pool order)
   u8* l2_sf;                     // FP8 pool: [I/128][sf_stride]
   // G = 128: per CTA of the launch (kSpillFloats<L> each), the first tile of a pair's h values
@@ -83,12 +83,22 @@ struct SwigluOut {
   static constexpr int kGroups = 32 / kWordChannels;
   const SwigluParams& s;
 
-  // The table entry of one item's SiLU: its gate, the L1's sum rounded to BF16 as its output would
-  // be (`gu`: gate low, up high), clamped (`clamp` +inf: none); a clamped gate that is no BF16
-  // value is the clamp itself, which has its own entry.
-  __device__ __forceinline__ static u32 silu_entry(u32 gu, float clamp) {
+  // silu of one item's gate (`gu`: gate low, up high; the L1's sum rounded to BF16 as its output
+  // would be), clamped (`clamp` +inf: none): silu_fast corrected by the SiLU table's nibble
+  // (`table`: in shared memory), or the clamp's own silu where the clamped gate is the clamp and no
+  // BF16 value: from a register (`clamp_silu`) where the epilogue warps have one to spare
+  // (kClampSiluHeld: one CTA per SM), else read from the table then (two CTAs per SM: one more register
+  // held made ptxas serialize the 32-token fused kernels' wgmmas, C7511).
+  template <bool kClampSiluHeld>
+  __device__ __forceinline__ static float silu_of(u32 gu, float clamp, float clamp_silu, const u32* table) {
     const u32 gb = __float_as_uint(fminf(__uint_as_float(gu << 16), clamp));
-    return (gb & 0xffffu) == 0 ? gb >> 16 : unfused::kSiluClampEntry;
+    if constexpr (!kClampSiluHeld) {
+      if (gb & 0xffffu) return __uint_as_float(table[unfused::kSiluClampWord]);
+    }
+    const u32 byte = reinterpret_cast<const u8*>(table)[unfused::silu_fix_byte(gb)];
+    const u32 fast = __float_as_uint(unfused::silu_fast(__uint_as_float(gb)));
+    const float silu = __uint_as_float(fast + unfused::silu_fix_of(byte, gb));
+    return kClampSiluHeld && (gb & 0xffffu) ? clamp_silu : silu;
   }
 
   // h of one (channel, token) from its packed gate and up, its SiLU and its top-k weight.
@@ -178,35 +188,23 @@ struct SwigluOut {
   }
 
   // One token of a tile, by kLanes lanes (`j` this one's place among them): h of chunks j,
-  // j + kLanes, .. of its 16 (4 channels each) in place of their gate/up words (kRound chunks'
-  // SiLU loads in flight at once: what the producer warpgroup's registers hold), and the largest
-  // |h| of each half (channels 0..31, 32..63) over the token's lanes.
-  template <int kRound, int kLanes>
-  __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp, int j) const {
-    static_assert(kLanes == 1 || kRound == 1, "a lane's chunks of a round lie in one half");
+  // j + kLanes, .. of its 16 (4 channels each) in place of their gate/up words, and the largest |h|
+  // of each half (channels 0..31, 32..63) over the token's lanes.
+  template <int kLanes, bool kClampSiluHeld>
+  __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp, float clamp_silu, const u32* table,
+                                            int j) const {
     float2 amax = make_float2(0.0f, 0.0f);
 #pragma unroll 1
-    for (int k0 = 0; k0 < 16 / kLanes; k0 += kRound) {
-      uint4 gu[kRound];
-#pragma unroll
-      for (int i = 0; i < kRound; ++i) gu[i] = *reinterpret_cast<const uint4*>(row + 4 * ((j + (k0 + i) * kLanes) ^ swizzle));
-      float sl[kRound][4];
-#pragma unroll
-      for (int i = 0; i < kRound; ++i) {
-        sl[i][0] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].x, clamp));
-        sl[i][1] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].y, clamp));
-        sl[i][2] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].z, clamp));
-        sl[i][3] = sm90::ld_nc_l1_kept(s.silu + silu_entry(gu[i].w, clamp));
-      }
-      float m = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kRound; ++i) {
-        const float4 h = make_float4(h_of(gu[i].x, sl[i][0], w, clamp), h_of(gu[i].y, sl[i][1], w, clamp),
-                                     h_of(gu[i].z, sl[i][2], w, clamp), h_of(gu[i].w, sl[i][3], w, clamp));
-        m = fmaxf(m, fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(h.z), fabsf(h.w))));
-        *reinterpret_cast<float4*>(row + 4 * ((j + (k0 + i) * kLanes) ^ swizzle)) = h;
-      }
-      if (k0 * kLanes < 8) {
+    for (int k = 0; k < 16 / kLanes; ++k) {
+      u32* at = row + 4 * ((j + k * kLanes) ^ swizzle);
+      const uint4 gu = *reinterpret_cast<const uint4*>(at);
+      const float4 h = make_float4(h_of(gu.x, silu_of<kClampSiluHeld>(gu.x, clamp, clamp_silu, table), w, clamp),
+                                   h_of(gu.y, silu_of<kClampSiluHeld>(gu.y, clamp, clamp_silu, table), w, clamp),
+                                   h_of(gu.z, silu_of<kClampSiluHeld>(gu.z, clamp, clamp_silu, table), w, clamp),
+                                   h_of(gu.w, silu_of<kClampSiluHeld>(gu.w, clamp, clamp_silu, table), w, clamp));
+      const float m = fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(h.z), fabsf(h.w)));
+      *reinterpret_cast<float4*>(at) = h;
+      if (k * kLanes < 8) {
         amax.x = fmaxf(amax.x, m);
       } else {
         amax.y = fmaxf(amax.y, m);
@@ -228,8 +226,8 @@ struct SwigluOut {
   // The epilogue warps (`thread` 0 .. L::kEpilogueThreads - 1 among them), until the consumers' end
   // mark: each tile's tokens over the threads, kLanes threads a token at a time; the box back to
   // the consumers once every token of it is stored. Small tiles (two CTAs per SM: a few rows a
-  // tile) give a token 8 lanes, so that its 16 chunks of SiLU loads are 2 rounds of one lane's
-  // latency instead of 16: the layer's last tile waits for its epilogue before the next layer
+  // tile) give a token 8 lanes, so that its 16 chunks are 2 rounds of one lane's latency instead
+  // of 16: the layer's last tile waits for its epilogue before the next layer
   // starts (perf.md v104); the large tiles' tokens fill the warps one a lane. The FP8 route's
   // 32-token tile keeps a lane a token too: with 8 (or 2), ptxas serializes that fused kernel's
   // wgmmas (C7511; perf.md v105).
@@ -239,12 +237,21 @@ struct SwigluOut {
     constexpr int kLanes = kTokens <= (L::kFp8Route ? 16 : 32) ? 8 : 1;
     // Tokens of a tile at most, and of this thread's lanes (each kThreads / kLanes-th).
     constexpr int kThreadTokens = (kTokens + kThreads / kLanes - 1) / (kThreads / kLanes);
-    // Chunks of SiLU loads in flight: two CTAs per SM leave 48 registers (and twice the warps).
-    constexpr int kRound = kLanes == 1 && L::kProducerRegs >= 56 ? 2 : 1;
+    constexpr bool kClampSiluHeld = L::kProducerRegs >= 56;  // silu_of's
     static_assert(!kPairs || kThreadTokens <= 8, "a pair's first exponents: a byte per token");
     static_assert(L::kHandoffBytes >= kBoxBytes<kTokens>, "the hand-off region holds the box");
     using Exponents = typename TokenBytes<(kThreadTokens > 4)>::Type;
     Exponents first_exponents = 0;  // G = 128: the pair's first tile's exponent of each of this thread's tokens
+    static_assert(L::kSiluBytes == unfused::kSiluTableBytes, "the layout holds the SiLU table");
+    {
+      // The SiLU table into shared memory before the first tile, which comes a main loop later.
+      const int thread = (int)sm90::fresh_tid_x() - (128 - kThreads);
+      uint4* table = reinterpret_cast<uint4*>(smem + L::kSiluAt);
+#pragma unroll 1
+      for (int i = thread; i < unfused::kSiluTableBytes / 16; i += kThreads)
+        table[i] = __ldg(reinterpret_cast<const uint4*>(s.silu) + i);
+      sm90::named_bar_sync<3, kThreads>();
+    }
     // Unit seq's descriptor is in the producer's ring (slot seq % kUnitSlots) until the consumers'
     // next unit but one (Layout::kUnitSlots).
     for (u32 seq = 0, slot = 0;; ++seq, slot = slot + 1 == L::kUnitSlots ? 0 : slot + 1) {
@@ -259,6 +266,8 @@ struct SwigluOut {
       // role's start cost the consumers registers (their wgmmas serialized, C7511).
       const int thread = (int)sm90::fresh_tid_x() - (128 - kThreads), j = thread % kLanes;
       const float clamp = s.has_clamp ? s.clamp : __int_as_float(0x7f800000);
+      const u32* table = reinterpret_cast<const u32*>(smem + L::kSiluAt);
+      const float clamp_silu = kClampSiluHeld ? __uint_as_float(table[unfused::kSiluClampWord]) : 0.0f;
 #pragma unroll 1
       for (int tau = thread / kLanes, n = 0; tau < rows; tau += kThreads / kLanes, ++n) {
         u32* row = reinterpret_cast<u32*>(smem + L::kEpilogueAt + box * L::kHandoffBytes) + tau * 64;
@@ -272,7 +281,7 @@ struct SwigluOut {
           for (int k = j; k < 16; k += kLanes) sm90::prefetch_l1(spill + k * kTokens);
         }
         const float w = __ldg(&s.meta[row0 + tau].weight);
-        const float2 amax = token_h<kRound, kLanes>(row, swizzle, w, clamp, j);
+        const float2 amax = token_h<kLanes, kClampSiluHeld>(row, swizzle, w, clamp, clamp_silu, table, j);
         u32 e0 = exponent_of(amax.x), e1 = exponent_of(amax.y);
         if (pair == gemm::kFirstOfPair) {
           // h waits in the spill, its exponent in a byte of this thread, for the pair's second tile.

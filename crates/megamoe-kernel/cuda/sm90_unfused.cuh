@@ -29,7 +29,7 @@
 //   uf_unstage         rows peers sent staged (large T, see DispatchParams::staged) into the pool: FP8,
 //                      their scales ([rows][staged_row_bytes]) into the GEMM's [H/128][sf_stride] table;
 //                      BF16, their E4M3 row and scales widened into the pool row;
-//   uf_silu_table      silu of every BF16 value, once per pipeline, for the L1's SwiGLU epilogue;
+//   uf_silu_table      the SiLU table (silu_fix_entry), once per pipeline, for the L1's SwiGLU epilogue;
 //   uf_combine_send    one CTA per pool row of another rank's token: the row's L2 result into that
 //                      rank's combine buffer [k][T_max][H] at (slot, token), over a peer pointer;
 //   uf_combine_reduce  one CTA per token: the f32 sum of its valid slots in increasing order -> BF16 y,
@@ -573,12 +573,75 @@ __device__ __forceinline__ float silu_exact(float g) {
   return __fdiv_rn(g, __fadd_rn(1.0f, e));
 }
 
-// silu of every BF16 value (index = its bits), then of the clamp (kSiluClampEntry; 0 without one),
-// built once per pipeline: the gates are BF16 or, clamped, the clamp, so SwiGLU looks silu up
-// instead of paying a double-precision exp per element (FP64 is 1/2 rate). Entry i <= 65536.
-constexpr int kSiluClampEntry = 65536;
-__device__ __forceinline__ void silu_entry(float* table, int i, int has_clamp, float clamp) {
-  table[i] = i < kSiluClampEntry ? silu_exact(bf16_to_f32((u16)i)) : has_clamp ? silu_exact(clamp) : 0.0f;
+__device__ __forceinline__ float ex2_approx_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// silu of a BF16 gate g the fast way, two MUFU operations: exp(-g) = 2^(-g head) (1 - g tail ln 2),
+// log2(e) split into a head of 15 significant bits, whose product with a BF16 gate is exact, and
+// the tail; a single product -g log2(e) rounded in f32 would carry |g| 2^-24 into the exponent
+// (29 .. 53 ulp at |g| ~ 88). Within -3 .. +2 ulp of silu_exact on every BF16 gate on an H100
+// (perf.md v114); the SiLU table's corrections make it exact. The .ftz forms are single MUFU
+// operations (the others scale around them): 2^x flushed below 2^-126 leaves 1 + e = 1, as the
+// exact e does; the reciprocal is of (1 + e) / 4, so that it stays normal up to 1 + e = 2^128
+// (g = -88.5 .. -87.5, whose silu is normal), and g / 4 is exact for every BF16 g (its lowest bit
+// is at least 2^-133), so (g / 4) (4 / (1 + e)) rounds once, as g / (1 + e) would, and does not
+// overflow. g's exponent is capped at 128, so that g = +inf gives e = 0, not 0 x inf.
+__device__ __forceinline__ float silu_fast(float g) {
+  const float ge = fminf(g, 128.0f);
+  const float big = ex2_approx_ftz(__fmul_rn(-ge, 0x1.7154p+0f));
+  const float e = __fmaf_rn(big, __fmul_rn(-ge, 0x1.480fb4p-18f), big);
+  return __fmul_rn(__fmul_rn(g, 0.25f), rcp_approx_ftz(__fmul_rn(__fadd_rn(1.0f, e), 0.25f)));
+}
+
+// The SiLU table: silu_fast(g) + c(g) = silu_exact(g) bit for bit (c added to the f32's bits), c a
+// 4-bit two's complement number per BF16 gate whose magnitude bits m lie in kSiluFixFirst ..
+// + kSiluFixSpan - 2 (exponents -25 .. 6): byte m - kSiluFixFirst holds the positive gate's c in
+// its low nibble, the negative one's in its high nibble. Every other gate has c = 0, and so has the
+// span's last byte, which every gate past either end reads (silu_fix_byte). Then the clamp's silu
+// (silu_exact, a float; 0 without a clamp), the count of gates the table cannot correct (c beyond
+// -8 .. 7, or not 0 outside the range), which the host reads once and refuses if not 0
+// (ex2.approx and rcp.approx are the GPU's own, so the table is built and checked on the GPU that
+// uses it), and two words that keep the table whole 16 bytes, as the SwiGLU epilogue copies it
+// into shared memory.
+constexpr u32 kSiluFixFirst = 0x3300;
+constexpr u32 kSiluFixSpan = 0x1000;
+constexpr int kSiluFixWords = kSiluFixSpan / 4;
+constexpr int kSiluClampWord = kSiluFixWords, kSiluMisfitsWord = kSiluFixWords + 1;
+constexpr int kSiluTableWords = kSiluFixWords + 4;
+constexpr int kSiluTableBytes = 4 * kSiluTableWords;
+
+// The table's byte of the gate whose f32 bits are gb (a BF16 value): m - kSiluFixFirst, the last
+// byte for m past either end (below it, the difference wraps around to a large number).
+__device__ __forceinline__ u32 silu_fix_byte(u32 gb) {
+  return min(((gb << 1) - (kSiluFixFirst << 17)) >> 17, kSiluFixSpan - 1);
+}
+// c from the gate's byte: the nibble of its sign, sign-extended.
+__device__ __forceinline__ int silu_fix_of(u32 byte, u32 gb) { return (int)(byte << ((gb >> 29 & 4u) ^ 28u)) >> 28; }
+
+// Gate i (its BF16 bits; i = 65536: the clamp) of the SiLU table, the table's words zeroed before.
+__device__ __forceinline__ void silu_fix_entry(u32* table, int i, int has_clamp, float clamp) {
+  if (i == 65536) {
+    reinterpret_cast<float*>(table)[kSiluClampWord] = has_clamp ? silu_exact(clamp) : 0.0f;
+    return;
+  }
+  const float g = bf16_to_f32((u16)i), exact = silu_exact(g), fast = silu_fast(g);
+  if (isnan(exact) && isnan(fast)) return;
+  const int c = (int)(__float_as_uint(exact) - __float_as_uint(fast));
+  if (c == 0) return;
+  const u32 gb = __float_as_uint(g), byte = silu_fix_byte(gb);
+  if (byte == kSiluFixSpan - 1 || c < -8 || c > 7) {
+    atomicAdd(table + kSiluMisfitsWord, 1u);
+    return;
+  }
+  atomicOr(table + byte / 4, (u32)(c & 0xf) << (8 * (byte % 4) + (gb >> 29 & 4u)));
 }
 
 // uf_combine_send: pool row `row` (< rows), if it holds another rank's token; its channels over

@@ -58,6 +58,14 @@ pub const fn spill_floats(unit_tokens: usize) -> usize {
     64 * unit_tokens
 }
 
+/// Words of the SiLU table (`mm::unfused::kSiluTableWords`): the fast SiLU's 4-bit corrections of
+/// the BF16 gates that need them, the clamp's silu, the count of gates it cannot correct
+/// ([`SILU_MISFITS_WORD`]), two words of padding. The SwiGLU epilogue keeps it whole in shared
+/// memory (`Layout::kSiluBytes`).
+pub(crate) const SILU_TABLE_WORDS: usize = 1028;
+/// The word of that count (`kSiluMisfitsWord`).
+pub(crate) const SILU_MISFITS_WORD: usize = 1025;
+
 /// `mm::swiglu::SwigluParams`, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -82,7 +90,7 @@ const _: () = assert!(size_of::<SwigluParams>() == 64);
 pub struct SwigluOut {
     /// `RowMeta` `[pool rows]` (its `weight`).
     pub meta: u64,
-    /// silu of every BF16 value, then of the clamp: `[65537]` f32 (`uf_silu_table`).
+    /// The SiLU table: the fast SiLU's corrections, the clamp's silu (`uf_silu_table`).
     pub silu: u64,
     /// The L2 pool: E4M3 or BF16 `[pool rows][I]` in pool channel order, and (E4M3) its scales
     /// `[I/128][sf_stride]`.

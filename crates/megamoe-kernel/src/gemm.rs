@@ -11,7 +11,7 @@ use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use fp_formats::Recipe;
 
-use crate::epilogue::{Epilogue, SwigluOut, spill_floats};
+use crate::epilogue::{Epilogue, SILU_TABLE_WORDS, SwigluOut, spill_floats};
 use crate::timeline::{EventKind, TimelineBuffers};
 use crate::transform::{BLOCK_K, Fold, GemmWeights, RowOrder, TILE_ROWS, WEIGHT_BLOCK_BYTES};
 
@@ -192,8 +192,9 @@ const fn box_epilogue(mma: Mma, ctas_per_sm: usize) -> bool {
 
 /// The epilogue's shared memory (`kEpilogueBytes`): for the SwiGLU epilogue the hand-off region
 /// (`handoff_boxes` boxes of a 4-byte gate/up word per (channel, token) of a unit, two mbarriers
-/// each: the consumers hand each tile to the epilogue warps there, `kHandoff`), for BF16 out the
-/// box where there is one; `unit_tokens`: [`TilePlan::unit_tokens`].
+/// each: the consumers hand each tile to the epilogue warps there, `kHandoff`) and the SiLU
+/// table ([`SILU_TABLE_WORDS`]), for BF16 out the box where there is one;
+/// `unit_tokens`: [`TilePlan::unit_tokens`].
 const fn epilogue_bytes(
     mma: Mma,
     ctas_per_sm: usize,
@@ -202,7 +203,7 @@ const fn epilogue_bytes(
     epilogue: Epilogue,
 ) -> usize {
     match epilogue {
-        Epilogue::Swiglu { .. } => handoff_boxes * (256 * unit_tokens + 16),
+        Epilogue::Swiglu { .. } => handoff_boxes * (256 * unit_tokens + 16) + 4 * SILU_TABLE_WORDS,
         Epilogue::Bf16Out if box_epilogue(mma, ctas_per_sm) => 2 * unit_tokens * 128,
         Epilogue::Bf16Out => 0,
     }
@@ -1589,9 +1590,10 @@ mod tests {
         // activation rows the block does not have.
         assert_eq!(wide.stage_bytes, 44 * 1024);
         assert_eq!(wide.stages, 3);
-        // Two descriptors a unit; the epilogue's box holds 272 tokens. The launch passes 196 KiB
-        // of shared memory (the L1 cache keeps 28 KiB, not 60), which costs nothing measurable
-        // (perf.md v97: main's fused kernel asking 3 and 4 KiB more ran as main).
+        // Two descriptors a unit; the epilogue's box holds 272 tokens, and the SwiGLU's SiLU
+        // table 4 KiB more. The launch asks for more than 196 KiB of shared memory (the L1 cache
+        // keeps 28 KiB, not 60), which costs nothing measurable (perf.md v97: main's fused
+        // kernel asking 3 and 4 KiB more ran as main).
         for wide in [
             wide,
             wide.with_epilogue(Epilogue::Swiglu {
@@ -1600,7 +1602,7 @@ mod tests {
             }),
         ] {
             assert!(
-                wide.smem_bytes() + 1024 <= 204 * 1024,
+                wide.smem_bytes() + 1024 <= 208 * 1024,
                 "{}",
                 wide.smem_bytes()
             );

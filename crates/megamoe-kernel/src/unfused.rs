@@ -33,7 +33,7 @@ use cuda_rt::{Arch, Gpu, Jit, Kernel, KernelSpec, LaunchConfig};
 use fp_formats::Recipe;
 use symm_mem::SymmBuffer;
 
-use crate::epilogue::{Epilogue, SwigluOut};
+use crate::epilogue::{Epilogue, SILU_MISFITS_WORD, SILU_TABLE_WORDS, SwigluOut};
 use crate::gemm::{
     DeviceBytes, DeviceWeights, GemmCore, GemmError, Mma, Pool, TOKEN_TILES, TilePlan,
 };
@@ -49,8 +49,6 @@ pub(crate) type CoreKey = (Mma, usize, Fold, Epilogue);
 
 /// Threads per CTA of every glue kernel (`mm::unfused::kThreads`).
 const THREADS: u32 = 128;
-/// Entries of the SiLU table: every BF16 value, then the clamp's (`mm::unfused::kSiluClampEntry`).
-const SILU_ENTRIES: usize = (1 << 16) + 1;
 
 /// The glue kernels' source.
 pub const UNFUSED_SOURCE: (&str, &str) =
@@ -103,6 +101,13 @@ pub enum UnfusedError {
     },
     #[error("{what}: {detail}")]
     Shape { what: &'static str, detail: String },
+    /// The fast SiLU of this GPU (its `ex2.approx`, `rcp.approx`) is further from the exact one
+    /// than the SiLU table's 4-bit corrections reach (`mm::unfused::silu_fix_entry`).
+    #[error(
+        "the SwiGLU's fast SiLU misses the exact one on {misfits} BF16 gates by more than its \
+         table corrects on this GPU"
+    )]
+    SiluTable { misfits: u32 },
 }
 
 /// The device plan's error words (`mm::unfused::kPlanError*`, first error wins) as the typed
@@ -475,8 +480,8 @@ pub struct Pipeline {
     pub(crate) staged_rows: bool,
     /// Which stage kernels launch programmatically ([`Pipeline::set_chained_launches`]).
     chain: LaunchChain,
-    /// silu(g) of every BF16 g and of the clamp (`uf_silu_table`), for the L1's SwiGLU epilogue.
-    pub(crate) silu: CudaSlice<f32>,
+    /// The SiLU table (`uf_silu_table`), for the L1's SwiGLU epilogue.
+    pub(crate) silu: CudaSlice<u32>,
     pub(crate) l2_act: CudaSlice<u8>,
     pub(crate) l2_sf: CudaSlice<u8>,
     pub(crate) l2_out: CudaSlice<u16>,
@@ -548,19 +553,23 @@ impl Pipeline {
         let rows = shape.pool_rows;
         let pairs = shape.max_tokens * shape.top_k;
         let glue = GlueKernels::new(gpu, jit, shape.recipe, routes.l1)?;
-        let mut silu = gpu.alloc_zeros::<f32>(SILU_ENTRIES)?;
-        // SAFETY: one thread per entry of the table.
+        let mut silu = gpu.alloc_zeros::<u32>(SILU_TABLE_WORDS)?;
+        // SAFETY: one thread per BF16 gate and one for the clamp, into the zeroed table.
         unsafe {
             glue.silu_table
                 .launch(
                     gpu.stream(),
-                    LaunchConfig::linear((SILU_ENTRIES as u32).div_ceil(THREADS), THREADS),
+                    LaunchConfig::linear((1u32 << 16) / THREADS + 1, THREADS),
                 )
                 .ptr_mut(&mut silu)
                 .scalar(i32::from(shape.clamp.is_some()))
                 .scalar(shape.clamp.unwrap_or(0.0))
                 .launch()?
         };
+        let misfits = gpu.download(&silu)?[SILU_MISFITS_WORD];
+        if misfits != 0 {
+            return Err(UnfusedError::SiluTable { misfits });
+        }
         let pipeline = Self {
             shape,
             rank,

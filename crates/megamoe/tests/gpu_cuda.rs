@@ -385,7 +385,7 @@ fn tiny_one_gpu_token_sweep_every_route() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn tiny_one_gpu_clamp_skew_and_masked_tokens() {
-    // 0.3 is no BF16 value: clamped gates then miss SwiGLU's SiLU table and take the direct path.
+    // 0.3 is no BF16 value: clamped gates then take the clamp's own silu, not the fast one.
     for clamp in [0.5, 0.3] {
         for (recipe, routes) in ROUTES {
             let config = Config::tiny().with_recipe(recipe).with_clamp(Some(clamp));
