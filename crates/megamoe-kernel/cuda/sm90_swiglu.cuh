@@ -19,8 +19,8 @@
 // first tile's h in the CTA's slot of `spill` (L2) and its exponent in a register, and stores both
 // tiles' pieces of a token with the second.
 //
-// The bits are the contract's: h in f32 as the host computes it (SiLU from the table of every BF16
-// gate, products in the contract's order); a group's exponent is ceil-exponent(amax / 448), the
+// The bits are the contract's: h in f32 as the host computes it (the fast SiLU plus the SiLU table's
+// correction of its BF16 gate, products in the contract's order); a group's exponent is ceil-exponent(amax / 448), the
 // largest of its parts' (x -> ceil-exponent(fl(x / 448)) is monotone), and the same re-quantizer.
 #pragma once
 
