@@ -4,7 +4,7 @@
 # runs/2026-12-05-s38-bench_table.py), V4-Pro per rank, both routes, T = 8 ... 8192, fused and
 # unfused side by side (the fused/unfused ratio), burst clock in ROUNDS alternating rounds
 # of five (default three), then one sustained round (2 s of forwards back to back first), then
-# gpu_fused as the gate. Logs into $OUT/all.tgz after each step.
+# gpu_fused as the gate (carry [".gpu-bundle", ".device"]). Logs into $OUT/all.tgz after each step.
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
   LD_LIBRARY_PATH=/usr/local/cuda/lib64 MEGAMOE_REQUIRE_GPUS=1 PATH=/usr/local/cuda/bin:$PATH NO_COLOR=1
