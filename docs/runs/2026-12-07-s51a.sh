@@ -2,7 +2,7 @@
 # The bar's table on an H200 (prepared in session 50 for the next call that gets one): main's
 # bundle (`cargo xtask gpu-bundle`, carried as .gpu-bundle, with .device/bench_table.py =
 # runs/2026-12-05-s38-bench_table.py), V4-Pro per rank, both routes, T = 8 ... 8192, fused and
-# unfused side by side (the fused/unfused ratio), burst clock in ROUNDS alternating rounds
+# unfused side by side (the fused/unfused ratio), burst clock in ROUNDS rounds
 # of five (default three), then one sustained round (2 s of forwards back to back first), then
 # gpu_fused as the gate (carry [".gpu-bundle", ".device"]). Logs into $OUT/all.tgz after each step.
 set -uo pipefail
