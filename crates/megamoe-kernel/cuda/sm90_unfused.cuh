@@ -593,7 +593,8 @@ __device__ __forceinline__ float rcp_approx_ftz(float x) {
 // exact e does; the reciprocal is of (1 + e) / 4, so that it stays normal up to 1 + e = 2^128
 // (g = -88.5 .. -87.5, whose silu is normal), and g / 4 is exact for every BF16 g (its lowest bit
 // is at least 2^-133), so (g / 4) (4 / (1 + e)) rounds once, as g / (1 + e) would, and does not
-// overflow. g's exponent is capped at 128, so that g = +inf gives e = 0, not 0 x inf.
+// overflow. The exponent's g is capped at 128 (2^(-128 log2 e) is flushed to 0 as e^-g is from
+// g ~ 88 on), so that g = +inf gives e = 0, not 0 x inf.
 __device__ __forceinline__ float silu_fast(float g) {
   const float ge = fminf(g, 128.0f);
   const float big = ex2_approx_ftz(__fmul_rn(-ge, 0x1.7154p+0f));
