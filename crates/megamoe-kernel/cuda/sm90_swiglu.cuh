@@ -19,9 +19,10 @@
 // first tile's h in the CTA's slot of `spill` (L2) and its exponent in a register, and stores both
 // tiles' pieces of a token with the second.
 //
-// The bits are the contract's: h in f32 as the host computes it (the fast SiLU plus the SiLU table's
-// correction of its BF16 gate, products in the contract's order); a group's exponent is ceil-exponent(amax / 448), the
-// largest of its parts' (x -> ceil-exponent(fl(x / 448)) is monotone), and the same re-quantizer.
+// The bits are the contract's: h in f32 as the host computes it (the fast SiLU plus the SiLU
+// table's correction of its BF16 gate, products in the contract's order); a group's exponent is
+// ceil-exponent(amax / 448), the largest of its parts' (x -> ceil-exponent(fl(x / 448)) is
+// monotone), and the same re-quantizer.
 #pragma once
 
 #include "sm90_moe_gemm.cuh"
@@ -87,8 +88,8 @@ struct SwigluOut {
   // would be), clamped (`clamp` +inf: none): silu_fast corrected by the SiLU table's nibble
   // (`table`: in shared memory), or the clamp's own silu where the clamped gate is the clamp and no
   // BF16 value: from a register (`clamp_silu`) where the epilogue warps have one to spare
-  // (kClampSiluHeld: one CTA per SM), else read from the table then (two CTAs per SM: one more register
-  // held made ptxas serialize the 32-token fused kernels' wgmmas, C7511).
+  // (kClampSiluHeld: one CTA per SM), else read from the table then (two CTAs per SM: one more
+  // register held made ptxas serialize the 32-token fused kernels' wgmmas, C7511).
   template <bool kClampSiluHeld>
   __device__ __forceinline__ static float silu_of(u32 gu, float clamp, float clamp_silu, const u32* table) {
     const u32 gb = __float_as_uint(fminf(__uint_as_float(gu << 16), clamp));
@@ -191,8 +192,8 @@ struct SwigluOut {
   // j + kLanes, .. of its 16 (4 channels each) in place of their gate/up words, and the largest |h|
   // of each half (channels 0..31, 32..63) over the token's lanes.
   template <int kLanes, bool kClampSiluHeld>
-  __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp, float clamp_silu, const u32* table,
-                                            int j) const {
+  __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp, float clamp_silu,
+                                            const u32* table, int j) const {
     float2 amax = make_float2(0.0f, 0.0f);
 #pragma unroll 1
     for (int k = 0; k < 16 / kLanes; ++k) {

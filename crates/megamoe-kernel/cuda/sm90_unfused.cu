@@ -52,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)
     uf_silu_table(unsigned* table, int has_clamp, float clamp) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i <= 65536) mm::unfused::silu_fix_entry(table, i, has_clamp, clamp);
+  if (i <= mm::unfused::kSiluClampEntry) mm::unfused::silu_fix_entry(table, i, has_clamp, clamp);
 }
 
 extern "C" __global__ void __launch_bounds__(mm::unfused::kThreads)

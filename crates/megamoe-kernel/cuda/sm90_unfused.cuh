@@ -627,9 +627,11 @@ __device__ __forceinline__ u32 silu_fix_byte(u32 gb) {
 // c from the gate's byte: the nibble of its sign, sign-extended.
 __device__ __forceinline__ int silu_fix_of(u32 byte, u32 gb) { return (int)(byte << ((gb >> 29 & 4u) ^ 28u)) >> 28; }
 
-// Gate i (its BF16 bits; i = 65536: the clamp) of the SiLU table, the table's words zeroed before.
+// Entries the SiLU table is built from: every BF16 gate (its bits), then the clamp.
+constexpr int kSiluClampEntry = 1 << 16;
+// Entry i (<= kSiluClampEntry) of the SiLU table, the table's words zeroed before.
 __device__ __forceinline__ void silu_fix_entry(u32* table, int i, int has_clamp, float clamp) {
-  if (i == 65536) {
+  if (i == kSiluClampEntry) {
     reinterpret_cast<float*>(table)[kSiluClampWord] = has_clamp ? silu_exact(clamp) : 0.0f;
     return;
   }

@@ -49,6 +49,9 @@ pub(crate) type CoreKey = (Mma, usize, Fold, Epilogue);
 
 /// Threads per CTA of every glue kernel (`mm::unfused::kThreads`).
 const THREADS: u32 = 128;
+/// Entries the SiLU table is built from: every BF16 gate, then the clamp
+/// (`mm::unfused::kSiluClampEntry` + 1).
+const SILU_TABLE_ENTRIES: u32 = (1 << 16) + 1;
 
 /// The glue kernels' source.
 pub const UNFUSED_SOURCE: (&str, &str) =
@@ -559,7 +562,7 @@ impl Pipeline {
             glue.silu_table
                 .launch(
                     gpu.stream(),
-                    LaunchConfig::linear((1u32 << 16) / THREADS + 1, THREADS),
+                    LaunchConfig::linear(SILU_TABLE_ENTRIES.div_ceil(THREADS), THREADS),
                 )
                 .ptr_mut(&mut silu)
                 .scalar(i32::from(shape.clamp.is_some()))
