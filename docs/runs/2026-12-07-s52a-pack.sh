@@ -21,6 +21,7 @@ done
 has() { grep -q -a -F "$2" "$pack/$1/bin/megamoe"; }
 has lpt "kSmallLast" && ! has main "kSmallLast" && ! has ed "kSmallLast" || { echo "marks lpt" >&2; exit 1; }
 has ed "e4m3_encode4" && ! has main "e4m3_encode4" && ! has lpt "e4m3_encode4" || { echo "marks ed" >&2; exit 1; }
+rm -f .device/*.tgz  # the carry holds 64 MiB: this call's bundles only
 tar czf .device/s52a.tgz -C "$pack" .
 cp docs/runs/2026-12-07-s52a.sh .device/s52a.sh
 cp docs/runs/2026-12-05-s38-bench_table.py .device/bench_table.py
