@@ -15,6 +15,14 @@ __device__ __forceinline__ float pow2(int k) {
   return k >= -126 ? __uint_as_float((u32)(k + 127) << 23) : __uint_as_float(1u << (k + 149));
 }
 
+// Bytes of {b, a} by selector nibble (bytes 0-3 a's, 4-7 b's); a nibble of 8 + i gives byte i's top
+// bit over the whole byte.
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
 // ---------------------------------------------------------------- E4M3 (fn: max 448, NaN 0x7f/0xff)
 __device__ __forceinline__ float e4m3_decode(u8 c) {
   const int e = (c >> 3) & 0xf, m = c & 7;
@@ -30,6 +38,25 @@ __device__ __forceinline__ u8 e4m3_encode(float x) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
   if (x != x) return (u8)(0x7fu | ((__float_as_uint(x) >> 24) & 0x80u));
   return (u8)(r & 0xff);
+}
+
+// e4m3_encode of a and b, their codes in bytes 0 and 1, one conversion for both and no test for
+// NaN: the conversion's code carries its input's sign but for a NaN's (0x7f or 0xff), so every code
+// takes its sign bit from its input.
+__device__ __forceinline__ u32 e4m3_encode2(float a, float b) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  return ((u32)r & 0x7f7fu) | (prmt(__float_as_uint(a), __float_as_uint(b), 0xfb) & 0x8080u);
+}
+
+// e4m3_encode of a .. d: their codes in bytes 0 .. 3.
+__device__ __forceinline__ u32 e4m3_encode4(float a, float b, float c, float d) {
+  unsigned short ab, cd;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(ab) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(cd) : "f"(d), "f"(c));
+  const u32 signs = (prmt(__float_as_uint(a), __float_as_uint(b), 0xfb) & 0xffffu) |
+                    (prmt(__float_as_uint(c), __float_as_uint(d), 0xfb00) & 0xffff0000u);
+  return (((u32)ab | (u32)cd << 16) & 0x7f7f7f7fu) | (signs & 0x80808080u);
 }
 
 // ---------------------------------------------------------------- E2M1 (0 .5 1 1.5 2 3 4 6)
@@ -133,12 +160,6 @@ __device__ __forceinline__ E4m3Table e4m3_table(int d) {
   return {(u32)e4m3_encode(0.5f * s) << 8 | (u32)e4m3_encode(s) << 16 | (u32)e4m3_encode(1.5f * s) << 24,
           (u32)e4m3_encode(2.0f * s) | (u32)e4m3_encode(3.0f * s) << 8 | (u32)e4m3_encode(4.0f * s) << 16 |
               (u32)e4m3_encode(6.0f * s) << 24};
-}
-
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
-  u32 r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
 }
 
 // One sign-split word (8 weights) -> E4M3 bytes of elements 0..3 (lo) and 4..7 (hi). prmt reads only

@@ -41,12 +41,24 @@ extern "C" __global__ void twin_all_codes(u32* e4m3_dec, u8* e4m3_enc, u32* e2m1
 }
 
 // n random values: E4M3, E2M1 (NaN -> 0 first, as the host test does), ceil exponent, BF16 bits.
+// E4M3 by value i's place: e4m3_encode, or its byte of e4m3_encode2 of its pair, or of e4m3_encode4
+// of its four (values 8j .. 8j + 7: one, one, a pair, the four of 8j + 4 ..), so each of the three
+// meets every kind of value in every byte.
 extern "C" __global__ void twin_random(unsigned long long seed, unsigned long long n, u8* e4m3, u8* e2m1, u8* ceil_exp,
                                        unsigned short* bf16) {
   for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x) {
     const float x = twin_input(seed, i);
-    e4m3[i] = e4m3_encode(x);
+    const unsigned long long pair = i & ~1ull, quad = i & ~3ull;
+    if (i % 8 < 2) {
+      e4m3[i] = e4m3_encode(x);
+    } else if (i % 8 < 4) {
+      e4m3[i] = (u8)(e4m3_encode2(twin_input(seed, pair), twin_input(seed, pair + 1)) >> (8 * (i % 2)));
+    } else {
+      e4m3[i] = (u8)(e4m3_encode4(twin_input(seed, quad), twin_input(seed, quad + 1), twin_input(seed, quad + 2),
+                                  twin_input(seed, quad + 3)) >>
+                     (8 * (i % 4)));
+    }
     e2m1[i] = e2m1_encode(x != x ? 0.0f : x);
     ceil_exp[i] = (u8)ceil_biased_exponent(x);
     unsigned short b;

@@ -88,18 +88,17 @@ struct SwigluOut {
   // would be), clamped (`clamp` +inf: none): silu_fast corrected by the SiLU table's nibble
   // (`table`: in shared memory), or the clamp's own silu where the clamped gate is the clamp and no
   // BF16 value: from a register (`clamp_silu`) where the epilogue warps have one to spare
-  // (kClampSiluHeld: one CTA per SM), else read from the table then (two CTAs per SM: one more
-  // register held made ptxas serialize the 32-token fused kernels' wgmmas, C7511).
-  template <bool kClampSiluHeld>
+  // (kSpareRegs, run's), else read from the table then.
+  template <bool kSpareRegs>
   __device__ __forceinline__ static float silu_of(u32 gu, float clamp, float clamp_silu, const u32* table) {
     const u32 gb = __float_as_uint(fminf(__uint_as_float(gu << 16), clamp));
-    if constexpr (!kClampSiluHeld) {
+    if constexpr (!kSpareRegs) {
       if (gb & 0xffffu) return __uint_as_float(table[unfused::kSiluClampWord]);
     }
     const u32 byte = reinterpret_cast<const u8*>(table)[unfused::silu_fix_byte(gb)];
     const u32 fast = __float_as_uint(unfused::silu_fast(__uint_as_float(gb)));
     const float silu = __uint_as_float(fast + unfused::silu_fix_of(byte, gb));
-    return kClampSiluHeld && (gb & 0xffffu) ? clamp_silu : silu;
+    return kSpareRegs && (gb & 0xffffu) ? clamp_silu : silu;
   }
 
   // h of one (channel, token) from its packed gate and up, its SiLU and its top-k weight.
@@ -170,28 +169,36 @@ struct SwigluOut {
   struct Word {
     float h[4];  // kWordChannels of them
   };
+  // With kSpareRegs (run's) a conversion for two codes (fp::e4m3_encode2, e4m3_encode4), a third of
+  // the instructions of one a code (e4m3_encode, whose NaN test the pairs do without), for more
+  // registers.
+  template <bool kSpareRegs>
   __device__ __forceinline__ static uint2 piece(const Word& h0, const Word& h1, u32 e0, u32 e1) {
     if constexpr (kFp8Pool) {
-      return make_uint2(quantize4(h0.h, e0), quantize4(h1.h, e1));
+      return make_uint2(quantize4<kSpareRegs>(h0.h, e0), quantize4<kSpareRegs>(h1.h, e1));
     } else {
-      return make_uint2(quantize2_widened(h0.h, e0), quantize2_widened(h1.h, e1));
+      return make_uint2(quantize2_widened<kSpareRegs>(h0.h, e0), quantize2_widened<kSpareRegs>(h1.h, e1));
     }
   }
+  template <bool kSpareRegs>
   __device__ __forceinline__ static u32 quantize4(const float* h, u32 e) {
     const float inv = fp::pow2(127 - (int)e);
+    if constexpr (kSpareRegs) return fp::e4m3_encode4(h[0] * inv, h[1] * inv, h[2] * inv, h[3] * inv);
     return (u32)fp::e4m3_encode(h[0] * inv) | (u32)fp::e4m3_encode(h[1] * inv) << 8 |
            (u32)fp::e4m3_encode(h[2] * inv) << 16 | (u32)fp::e4m3_encode(h[3] * inv) << 24;
   }
+  template <bool kSpareRegs>
   __device__ __forceinline__ static u32 quantize2_widened(const float* h, u32 e) {
     const float inv = fp::pow2(127 - (int)e);
-    const u32 q = (u32)fp::e4m3_encode(h[0] * inv) | (u32)fp::e4m3_encode(h[1] * inv) << 8;
+    const u32 q = kSpareRegs ? fp::e4m3_encode2(h[0] * inv, h[1] * inv)
+                               : (u32)fp::e4m3_encode(h[0] * inv) | (u32)fp::e4m3_encode(h[1] * inv) << 8;
     return unfused::widen2(q, fp::pow2((int)e - 127));
   }
 
   // One token of a tile, by kLanes lanes (`j` this one's place among them): h of chunks j,
   // j + kLanes, .. of its 16 (4 channels each) in place of their gate/up words, and the largest |h|
   // of each half (channels 0..31, 32..63) over the token's lanes.
-  template <int kLanes, bool kClampSiluHeld>
+  template <int kLanes, bool kSpareRegs>
   __device__ __forceinline__ float2 token_h(u32* row, int swizzle, float w, float clamp, float clamp_silu,
                                             const u32* table, int j) const {
     float2 amax = make_float2(0.0f, 0.0f);
@@ -199,10 +206,10 @@ struct SwigluOut {
     for (int k = 0; k < 16 / kLanes; ++k) {
       u32* at = row + 4 * ((j + k * kLanes) ^ swizzle);
       const uint4 gu = *reinterpret_cast<const uint4*>(at);
-      const float4 h = make_float4(h_of(gu.x, silu_of<kClampSiluHeld>(gu.x, clamp, clamp_silu, table), w, clamp),
-                                   h_of(gu.y, silu_of<kClampSiluHeld>(gu.y, clamp, clamp_silu, table), w, clamp),
-                                   h_of(gu.z, silu_of<kClampSiluHeld>(gu.z, clamp, clamp_silu, table), w, clamp),
-                                   h_of(gu.w, silu_of<kClampSiluHeld>(gu.w, clamp, clamp_silu, table), w, clamp));
+      const float4 h = make_float4(h_of(gu.x, silu_of<kSpareRegs>(gu.x, clamp, clamp_silu, table), w, clamp),
+                                   h_of(gu.y, silu_of<kSpareRegs>(gu.y, clamp, clamp_silu, table), w, clamp),
+                                   h_of(gu.z, silu_of<kSpareRegs>(gu.z, clamp, clamp_silu, table), w, clamp),
+                                   h_of(gu.w, silu_of<kSpareRegs>(gu.w, clamp, clamp_silu, table), w, clamp));
       const float m = fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(h.z), fabsf(h.w)));
       *reinterpret_cast<float4*>(at) = h;
       if (k * kLanes < 8) {
@@ -238,7 +245,10 @@ struct SwigluOut {
     constexpr int kLanes = kTokens <= (L::kFp8Route ? 16 : 32) ? 8 : 1;
     // Tokens of a tile at most, and of this thread's lanes (each kThreads / kLanes-th).
     constexpr int kThreadTokens = (kTokens + kThreads / kLanes - 1) / (kThreads / kLanes);
-    constexpr bool kClampSiluHeld = L::kProducerRegs >= 56;  // silu_of's
+    // One CTA per SM: the epilogue warps have registers to spare (56 or more) for the clamp's silu
+    // (silu_of) and paired codes (piece); with two CTAs per SM, one more register held (either)
+    // made ptxas serialize a 32-token fused kernel's wgmmas (C7511).
+    constexpr bool kSpareRegs = L::kProducerRegs >= 56;
     static_assert(!kPairs || kThreadTokens <= 8, "a pair's first exponents: a byte per token");
     static_assert(L::kHandoffBytes >= kBoxBytes<kTokens>, "the hand-off region holds the box");
     using Exponents = typename TokenBytes<(kThreadTokens > 4)>::Type;
@@ -268,7 +278,7 @@ struct SwigluOut {
       const int thread = (int)sm90::fresh_tid_x() - (128 - kThreads), j = thread % kLanes;
       const float clamp = s.has_clamp ? s.clamp : __int_as_float(0x7f800000);
       const u32* table = reinterpret_cast<const u32*>(smem + L::kSiluAt);
-      const float clamp_silu = kClampSiluHeld ? __uint_as_float(table[unfused::kSiluClampWord]) : 0.0f;
+      const float clamp_silu = kSpareRegs ? __uint_as_float(table[unfused::kSiluClampWord]) : 0.0f;
 #pragma unroll 1
       for (int tau = thread / kLanes, n = 0; tau < rows; tau += kThreads / kLanes, ++n) {
         u32* row = reinterpret_cast<u32*>(smem + L::kEpilogueAt + box * L::kHandoffBytes) + tau * 64;
@@ -282,7 +292,7 @@ struct SwigluOut {
           for (int k = j; k < 16; k += kLanes) sm90::prefetch_l1(spill + k * kTokens);
         }
         const float w = __ldg(&s.meta[row0 + tau].weight);
-        const float2 amax = token_h<kLanes, kClampSiluHeld>(row, swizzle, w, clamp, clamp_silu, table, j);
+        const float2 amax = token_h<kLanes, kSpareRegs>(row, swizzle, w, clamp, clamp_silu, table, j);
         u32 e0 = exponent_of(amax.x), e1 = exponent_of(amax.y);
         if (pair == gemm::kFirstOfPair) {
           // h waits in the spill, its exponent in a byte of this thread, for the pair's second tile.
@@ -300,7 +310,7 @@ struct SwigluOut {
         for (int k = j; k < kGroups; k += kLanes) {
           const int a = kWordChannels * k, b = 32 + a;
           const Word h0 = box_channels(row, swizzle, a), h1 = box_channels(row, swizzle, b);
-          *reinterpret_cast<uint2*>(dst + 16 * k + 8 * ((ch0 / 64) % 2)) = piece(h0, h1, e0, e1);
+          *reinterpret_cast<uint2*>(dst + 16 * k + 8 * ((ch0 / 64) % 2)) = piece<kSpareRegs>(h0, h1, e0, e1);
         }
         if constexpr (kPairs) {
           // The pair's first tile's pieces (its half of every group), from the spill.
@@ -308,7 +318,7 @@ struct SwigluOut {
           for (int k = j; k < kGroups; k += kLanes) {
             const int a = kWordChannels * k, b = 32 + a;
             const Word h0 = spilled(spill, kTokens, a), h1 = spilled(spill, kTokens, b);
-            *reinterpret_cast<uint2*>(dst + 16 * k) = piece(h0, h1, e0, e0);
+            *reinterpret_cast<uint2*>(dst + 16 * k) = piece<kSpareRegs>(h0, h1, e0, e0);
           }
         }
         if (kFp8Pool && j == 0) s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + row0 + tau] = (u8)e0;
