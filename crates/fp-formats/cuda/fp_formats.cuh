@@ -49,7 +49,8 @@ __device__ __forceinline__ u32 e4m3_encode2(float a, float b) {
   return ((u32)r & 0x7f7fu) | (prmt(__float_as_uint(a), __float_as_uint(b), 0xfb) & 0x8080u);
 }
 
-// e4m3_encode of a .. d: their codes in bytes 0 .. 3.
+// e4m3_encode of a .. d: their codes in bytes 0 .. 3. Its own masks rather than two e4m3_encode2:
+// one sign mask for all four codes is an instruction fewer in the SwiGLU epilogue's inner loop.
 __device__ __forceinline__ u32 e4m3_encode4(float a, float b, float c, float d) {
   unsigned short ab, cd;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(ab) : "f"(b), "f"(a));
