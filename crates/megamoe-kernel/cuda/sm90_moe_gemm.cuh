@@ -27,7 +27,8 @@
 // still gets its own UnitDesc and epilogue.
 // Schedule: with `tickets` (the default) each CTA's producer draws the launch's items from a counter
 // when it needs one, so CTAs that run faster take more (two CTAs on one SM do not run at one pace),
-// CTA c's first ticket being c (the counter's follow the grid's); otherwise CTA c takes items c,
+// CTA c's first ticket being c (the counter's follow the grid's); a cluster's rank 0 draws for both
+// its CTAs and mails each item to rank 1 (ClusterMail); otherwise CTA (cluster) c takes items c,
 // c + grid, ... Split tail (two-CTA tiles, `split_parts` > 1, drawn tiles only): the last items of
 // a launch, one per CTA at most, are drawn in parts of their k128 blocks, every item's last part
 // first and its head (part 0) last, so a launch ends on small pieces.
@@ -116,9 +117,9 @@ struct GemmParams {
   u32* partial_ready;
   int split_parts;  // split tail: parts of K per split item (1: no split)
   int arrivals_needed;  // with row_arrivals: the count at which a tile's activation rows are whole
-  // Dynamic schedule (one-CTA clusters; null: the static one): [0] the tickets drawn past the
-  // grid's first (CTA c's first is c), each by a CTA's producer when it needs one; [1] CTAs done
-  // drawing. Both 0 between launches: the last CTA to finish drawing resets them.
+  // Dynamic schedule (null: the static one): [0] the tickets drawn past the grid's first (CTA or
+  // cluster c's first is c), each by a CTA's producer (a cluster's rank 0's) when it needs one;
+  // [1] CTAs done drawing. Both 0 between launches: the last CTA to finish drawing resets them.
   u32* tickets;
   // Optional (null: off): every tile's event (timeline.cuh), for the benchmarks' timelines.
   const timeline::Timeline* timeline;
@@ -202,6 +203,17 @@ __device__ __forceinline__ void ring_wait(u64* bar, u32 parity, const void* erro
       "r"(parity), "r"(smem_addr(error_at)), "n"(kUnit), "n"(kTimeoutUnits), "n"(kWordHigh)
       : "memory");
 }
+
+// A cluster's drawn items (kCluster 2, GemmParams::tickets): its rank-0 CTA draws each and hands
+// it to rank 1 through rank 1's `ticket` word (st.async, completing `full`'s transaction bytes);
+// rank 1 gives the word back on rank 0's `empty`. Two words, so the next draw need not wait for
+// the peer to have read the last.
+struct ClusterMail {
+  u32 ticket[2];
+  u64 full[2];
+  u64 empty[2];
+};
+static_assert(sizeof(ClusterMail) == 40, "Layout's tables");
 
 // kCtas: CTAs per SM. Small token tiles run two per SM: their consumers are bound by the latency
 // of the FP4 decode, and twice the warps hide it (the loads alone run at the HBM rate).
@@ -301,9 +313,9 @@ struct Layout {
   // are larger still, measured with its 128-token tiles at mid T in v96).
   static constexpr int kWeightPrefetch = kCtas == 1 && BN >= 128 ? kStages : 0;
   // alignment slack, the stages, the epilogue's rows, full/empty/scales-ready mbarriers, the FP8
-  // fold tables (15 x 8 B), the launch's item count and the ring's error word address, the unit
-  // descriptors
-  static constexpr int kTableBytes = 144;
+  // fold tables (15 x 8 B), the launch's item count, the ring's error word address and the
+  // cluster's mail (ClusterMail), the unit descriptors
+  static constexpr int kTableBytes = 176;
   // The producer's unit descriptors (UnitDesc, one per weight tile: a twin unit's two side by
   // side), a ring one unit longer than the stages: it can run at most kStages stages, so kStages
   // units, ahead of the consumers' last read; with a hand-off two longer, for the epilogue warps
@@ -340,6 +352,8 @@ struct Layout {
   static constexpr int kTablesAt = kFullAt + kBarrierBytes;
   static constexpr int kItemsAt = kTablesAt + 120;  // after the 15 tables: the launch's item count
   static constexpr int kRingErrorAt = kTablesAt + 128;  // the error word's address (ring_wait)
+  static constexpr int kMailAt = kTablesAt + 136;       // ClusterMail, 8-B aligned
+  static_assert(136 + sizeof(ClusterMail) == kTableBytes, "the tables end with the cluster's mail");
   static constexpr int kUnitsAt = kTablesAt + kTableBytes;
   static constexpr int kProducerRegs = kCtas == 1 ? 56 : 48;
   static constexpr int kConsumerRegs = kCtas == 1 ? 224 : 96;
@@ -411,7 +425,8 @@ static_assert(sizeof(UnitDesc) == 48, "Layout's unit slots");
 // Walks the work of one CTA in order (the producer; it tells the other roles through UnitDesc).
 // A work item is (expert, group of kGroup consecutive weight tiles, token block): a cluster of
 // kGroup CTAs takes one item at a time, each CTA the weight tile of its rank in the cluster (the
-// last group of an odd tile count has a ghost tile, past n_out). With kPairs (one-CTA clusters) an
+// last group of an odd tile count has a ghost tile, past n_out); drawn, rank 0 draws for the
+// cluster (ClusterMail). With kPairs (one-CTA clusters) an
 // item is two neighbouring weight tiles, both this CTA's, the even one first (the SwiGLU epilogue's
 // g128 groups span them). Items go in launch order (CTAs working at once share weight and
 // activation tiles through L2): drawn from `tickets`, or strided over the grid; drawn with a split
@@ -428,19 +443,26 @@ template <int kGroup, int BN, bool kSplitTail, bool kPairs, bool kShortPairs = f
 struct TileWalker {
   static_assert(!kPairs || (kGroup == 1 && !kSplitTail), "a pair is one CTA's, drawn whole");
   static_assert(!kShortPairs || (kGroup == 1 && !kSplitTail && !kPairs), "short pairs are one CTA's, drawn whole");
+  static_assert(kGroup <= 2, "ClusterMail hands a cluster's items to one peer");
   static constexpr int kItemTiles = kPairs ? 2 : kGroup;
   // The kernel's parameters, by reference: reads come from the constant bank, not through a
   // pointer held in the producer's 48 registers.
   const GemmParams& p;
   // Every item of the launch (split tail only), in shared memory: the producer has 48 registers.
   const volatile int* launch_items;
+  // Drawn clusters: the mail of this CTA's shared memory (the peer's is at the same offset) and the
+  // ring's error word address, for the waits on it.
+  ClusterMail* mail;
+  const void* error_at;
   int expert = -1, expert_first_item = 0, expert_m_blocks = 0, expert_items = 0;
   int drawn = 0;  // items this CTA has taken (the static schedule's stride; drawn: the first is its own)
   // kShortPairs: the expert's whole blocks per tile, and whether its last block is short.
   int expert_whole = 0;
   bool expert_short = false;
 
-  __device__ TileWalker(const GemmParams& params, const int* items) : p(params), launch_items(items) {
+  __device__ TileWalker(const GemmParams& params, const int* items, ClusterMail* cluster_mail = nullptr,
+                        const void* ring_error_at = nullptr)
+      : p(params), launch_items(items), mail(cluster_mail), error_at(ring_error_at) {
     next_expert();
   }
   __device__ void next_expert() {
@@ -521,15 +543,41 @@ struct TileWalker {
         }
       }
       if (seek(item, rank, u)) return true;
-      // Past the end: this CTA draws no more. The last one to get here resets the tickets for
-      // the next launch (nobody draws after it).
-      if (atomicAdd(p.tickets + 1, 1u) == gridDim.x - 1) {
-        atomicExch(p.tickets, 0u);
-        atomicExch(p.tickets + 1, 0u);
-      }
-      return false;
+      return past_the_end();
+    }
+    if (kGroup > 1 && p.tickets) {
+      // Drawn by the cluster: rank 0 draws, rank 1 takes the same item. The first is the cluster's own.
+      const int n = drawn++;
+      if (seek(n == 0 ? (int)fresh_ctaid_x() / kGroup : cluster_ticket(rank, n - 1), rank, u)) return true;
+      return past_the_end();
     }
     return seek(blockIdx.x / kGroup + drawn++ * (gridDim.x / kGroup), rank, u);
+  }
+  // The cluster's ticket `n` past its first: rank 0 draws it and mails it to rank 1, which waits
+  // for it. Both waits are the ring's (bounded): the peer draws as its producer moves on.
+  __device__ int cluster_ticket(int rank, int n) {
+    const int word = n & 1;
+    const u32 parity = (n >> 1) & 1;
+    if (rank == 0) {
+      const u32 item = gridDim.x / kGroup + atomicAdd(p.tickets, 1u);
+      ring_wait(&mail->empty[word], parity ^ 1, error_at);  // rank 1 has read the word's last ticket
+      st_async_cluster(&mail->ticket[word], &mail->full[word], 1, item);
+      return (int)item;
+    }
+    mbar_expect_tx(&mail->full[word], sizeof(u32));
+    ring_wait(&mail->full[word], parity, error_at);
+    const int item = (int)((volatile u32*)mail->ticket)[word];
+    mbar_arrive_cluster(&mail->empty[word], 0);
+    return item;
+  }
+  // Past the end: this CTA draws no more. The last one to get here resets the tickets for the
+  // next launch (nobody draws after it: a cluster's rank 0 drew its last before it got here).
+  __device__ bool past_the_end() {
+    if (atomicAdd(p.tickets + 1, 1u) == gridDim.x - 1) {
+      atomicExch(p.tickets, 0u);
+      atomicExch(p.tickets + 1, 0u);
+    }
+    return false;
   }
 };
 
@@ -1337,7 +1385,7 @@ struct Producer {
     // A twin unit is a pair of tiles: the walker's items are pairs, their two units one. Short
     // twins: with kPairs a pair whose block is short is one unit, the others two; without, the
     // walker pairs the short blocks' tiles only.
-    Walker walker(p, (const int*)(smem + L::kItemsAt));
+    Walker walker(p, (const int*)(smem + L::kItemsAt), (ClusterMail*)(smem + L::kMailAt), smem + L::kRingErrorAt);
     int stage = 0, slot = 0;
     u32 phase = 0, seq = 0;  // seq: descriptors handed out
     u32 chunks = 0;          // scale chunks loaded (Layout::kChunkedScales)
@@ -1646,6 +1694,13 @@ struct Gemm {
           mbar_init((u64*)(smem + L::kHandoffEmptyAt) + b, L::kEpilogueThreads);
         }
       }
+      if constexpr (kCluster > 1) {
+        ClusterMail* mail = (ClusterMail*)(smem + L::kMailAt);
+        for (int w = 0; w < 2; ++w) {
+          mbar_init(&mail->full[w], 1);   // this CTA's expect_tx (rank 1)
+          mbar_init(&mail->empty[w], 1);  // the peer's arrive (rank 0)
+        }
+      }
       fence_barrier_init();
     }
     if constexpr (kFp8 && !kRegs) {
@@ -1731,6 +1786,13 @@ struct Gemm {
       for (int b = 0; b < L::kBarriers; ++b) mbar_inval((u64*)(smem + L::kFullAt) + b);
       if constexpr (kHandoff) {
         for (int b = 0; b < 2 * L::kHandoffBoxes; ++b) mbar_inval((u64*)(smem + L::kHandoffFullAt) + b);
+      }
+      if constexpr (kCluster > 1) {
+        ClusterMail* mail = (ClusterMail*)(smem + L::kMailAt);
+        for (int w = 0; w < 2; ++w) {
+          mbar_inval(&mail->full[w]);
+          mbar_inval(&mail->empty[w]);
+        }
       }
     }
     __syncthreads();

@@ -92,6 +92,23 @@ __device__ __forceinline__ void mbar_arrive_here_and_cluster(u64* bar, u32 cta, 
 }
 
 // ---------------------------------------------------------------- clusters
+// Stores `value` at `word`'s offset in CTA `cta`'s shared memory and completes 4 bytes of the
+// transaction count of the mbarrier at `bar`'s offset there: the peer learns the word is written
+// from its own barrier, with no fence on this side.
+__device__ __forceinline__ void st_async_cluster(u32* word, u64* bar, u32 cta, u32 value) {
+  u32 remote_word, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_word) : "r"(smem_addr(word)), "r"(cta));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(smem_addr(bar)), "r"(cta));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(remote_word),
+               "r"(value), "r"(remote_bar)
+               : "memory");
+}
+// Arrives on the mbarrier at `bar`'s offset in CTA `cta` of this cluster (not on this CTA's).
+__device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 cta) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
 // Every thread of every CTA of the cluster: release what came before, acquire what the others did.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");

@@ -319,7 +319,8 @@ pub struct TilePlan {
     /// one, instead of taking every grid-th tile, so CTAs that run faster take more. They do not
     /// run at one pace: of two CTAs on one SM one runs ahead, and with equal shares it ends 15 %
     /// earlier and leaves the SM to the other (perf.md v28: −4 % FP8 at T = 8 and 128, −2 % BF16,
-    /// −1 % at T ≥ 2048). One-CTA clusters only.
+    /// −1 % at T ≥ 2048). A cluster draws as one: its first CTA draws each item and hands it to
+    /// the other through shared memory (the kernel's `ClusterMail`).
     pub dynamic: bool,
     /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
     /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the
@@ -567,7 +568,7 @@ impl TilePlan {
 
     /// Whether launches draw their tiles from a counter (`GemmParams::tickets`).
     pub fn schedules_dynamically(&self) -> bool {
-        self.dynamic && self.cluster == 1
+        self.dynamic
     }
 
     /// Whether launches draw their last items in parts of K (`kSplitTail` in the kernel): not with
@@ -575,6 +576,7 @@ impl TilePlan {
     pub fn splits_tail(&self) -> bool {
         self.split_parts > 1
             && self.ctas_per_sm == 2
+            && self.cluster == 1
             && self.schedules_dynamically()
             && !self.epilogue.pairs()
     }
@@ -612,8 +614,8 @@ impl TilePlan {
 
     /// Dynamic shared memory of a launch: 1 KiB alignment slack, the stages, the scale chunks'
     /// buffers, the epilogue's (`epilogue_bytes`), three mbarriers a stage and one a scale chunk
-    /// buffer (padded to 16 B), 144 B of FP8 fold tables (and the launch's item count and the
-    /// ring's error word address), and the producer's ring of unit descriptors.
+    /// buffer (padded to 16 B), 176 B of FP8 fold tables (and the launch's item count, the ring's
+    /// error word address and a cluster's mail), and the producer's ring of unit descriptors.
     pub fn smem_bytes(&self) -> usize {
         1024 + self.stages * self.stage_bytes
             + self.scale_chunks_bytes()
@@ -625,7 +627,7 @@ impl TilePlan {
                 self.epilogue,
             )
             + (8 * (3 * self.stages + self.scale_chunk_buffers())).next_multiple_of(16)
-            + 144
+            + 176
             + UNIT_DESC_BYTES * self.unit_tiles() * (self.stages + self.unit_slots_beyond_stages())
     }
 
@@ -1541,7 +1543,7 @@ mod tests {
     }
 
     #[test]
-    fn the_dynamic_schedule_is_the_default_without_clusters() {
+    fn the_dynamic_schedule_is_the_default() {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
         assert!(plan(Mma::Fp8, 32).schedules_dynamically());
         assert!(plan(Mma::Fp8, 128).schedules_dynamically());
@@ -1551,10 +1553,9 @@ mod tests {
                 .schedules_dynamically()
         );
         assert!(
-            !plan(Mma::Bf16, 256).schedules_dynamically(),
+            plan(Mma::Bf16, 256).cluster == 2 && plan(Mma::Bf16, 256).schedules_dynamically(),
             "a cluster draws together"
         );
-        assert!(plan(Mma::Bf16, 256).with_cluster(1).schedules_dynamically());
     }
 
     #[test]

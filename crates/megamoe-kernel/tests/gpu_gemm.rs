@@ -442,28 +442,36 @@ fn token_scales_in_several_chunks_match_the_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dynamic_schedule_matches_the_reference() {
-    // One-CTA tiles drawn from a counter (the two-CTA ones: split_tails_match_the_reference),
-    // BF16 without its default clusters so that it draws too: fewer items than CTAs and many
-    // rounds; three launches each, the last checked (the counter must be back at 0).
+    // Tiles drawn from a counter (the two-CTA ones: split_tails_match_the_reference), one-CTA tiles
+    // alone and the BF16 ones also in clusters of two, whose first CTA draws for both: fewer items
+    // than CTAs and many rounds; three launches each, the last checked (the counter must be back
+    // at 0, the clusters' mail in step).
     let (gpu, jit) = setup();
     let few: Vec<usize> = vec![3, 0, 17, 1];
     let many = scattered_rows();
     for (recipe, mma) in ROUTES {
         for bn in [64, 128] {
-            for (rows, n, k) in [(&few, 256, 256), (&many, 2048, 640)] {
-                assert_matches(
-                    &gpu,
-                    &jit,
-                    Case {
-                        tokens_per_tile: Some(bn),
-                        check_stride: Some(5),
-                        dynamic: Some(true),
-                        cluster: Some(1),
-                        launches: 3,
-                        ..Case::new(recipe, mma, rows, n, k, 23 + bn as u64)
-                    },
-                    &format!("{n}x{k}, drawn"),
-                );
+            let clusters: &[usize] = if mma == Mma::Bf16 && bn == 128 {
+                &[1, 2]
+            } else {
+                &[1]
+            };
+            for &cluster in clusters {
+                for (rows, n, k) in [(&few, 256, 256), (&many, 2048, 640)] {
+                    assert_matches(
+                        &gpu,
+                        &jit,
+                        Case {
+                            tokens_per_tile: Some(bn),
+                            check_stride: Some(5),
+                            dynamic: Some(true),
+                            cluster: Some(cluster),
+                            launches: 3,
+                            ..Case::new(recipe, mma, rows, n, k, 23 + bn as u64)
+                        },
+                        &format!("{n}x{k}, drawn, cluster {cluster}"),
+                    );
+                }
             }
         }
     }
