@@ -75,14 +75,19 @@ __device__ __forceinline__ void mbar_inval(u64* bar) {
   asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// The shared::cluster address of `p`'s offset in CTA `cta` of this cluster.
+__device__ __forceinline__ u32 cluster_smem_addr(const void* p, u32 cta) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(cta));
+  return remote;
+}
 // When `leader` (one lane): arrive on `bar` and on the mbarrier at the same offset in CTA `cta` of
 // this cluster. Predicated rather than branched, so the warp never diverges around it (a branch
 // here costs the consumers their uniform descriptor arithmetic). Default (release, CTA-scope)
 // semantics as CUTLASS's cluster barrier: `.release.cluster` compiles to MEMBAR.ALL.GPU, which
 // waits for every outstanding store (35 % of the FP8 GEMM at T = 8192).
 __device__ __forceinline__ void mbar_arrive_here_and_cluster(u64* bar, u32 cta, bool leader) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
+  const u32 remote = cluster_smem_addr(bar, cta);
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n"
       "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
@@ -96,18 +101,14 @@ __device__ __forceinline__ void mbar_arrive_here_and_cluster(u64* bar, u32 cta, 
 // transaction count of the mbarrier at `bar`'s offset there: the peer learns the word is written
 // from its own barrier, with no fence on this side.
 __device__ __forceinline__ void st_async_cluster(u32* word, u64* bar, u32 cta, u32 value) {
-  u32 remote_word, remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_word) : "r"(smem_addr(word)), "r"(cta));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(smem_addr(bar)), "r"(cta));
+  const u32 remote_word = cluster_smem_addr(word, cta), remote_bar = cluster_smem_addr(bar, cta);
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(remote_word),
                "r"(value), "r"(remote_bar)
                : "memory");
 }
 // Arrives on the mbarrier at `bar`'s offset in CTA `cta` of this cluster (not on this CTA's).
 __device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 cta) {
-  u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_smem_addr(bar, cta)) : "memory");
 }
 // Every thread of every CTA of the cluster: release what came before, acquire what the others did.
 __device__ __forceinline__ void cluster_sync() {

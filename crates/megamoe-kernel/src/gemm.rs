@@ -1556,6 +1556,7 @@ mod tests {
             plan(Mma::Bf16, 256).cluster == 2 && plan(Mma::Bf16, 256).schedules_dynamically(),
             "a cluster draws together"
         );
+        assert!(plan(Mma::Bf16, 256).with_cluster(1).schedules_dynamically());
     }
 
     #[test]
