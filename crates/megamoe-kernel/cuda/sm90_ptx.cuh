@@ -1,7 +1,8 @@
 // sm90_ptx.cuh -- thin wrappers over the Hopper (sm_90a) instructions the kernels use: mbarriers,
-// named barriers, TMA (tensor loads and stores, 1-D bulk copies, bulk-group waits and the proxy
-// fence before a store), WGMMA with A from registers (FP8 k32 and BF16 k16), stmatrix, setmaxnreg,
-// and the GPU-scope flag loads and stores that hand data from one CTA to another.
+// a cluster's shared memory (mapa, st.async, remote arrives, the cluster barrier), named barriers,
+// TMA (tensor loads and stores, 1-D bulk copies, bulk-group waits and the proxy fence before a
+// store), WGMMA with A from registers (FP8 k32 and BF16 k16), stmatrix, setmaxnreg, and the
+// GPU-scope flag loads and stores that hand data from one CTA to another.
 // Descriptor and fragment layouts were checked on the H200 by ../shared/bench/wgmma_ceiling.cu.
 #pragma once
 
