@@ -158,6 +158,10 @@ pub const ENTRIES: &[Entry] = &[
         )),
     },
     entry(
+        "fused kernel",
+        "megamoe.gpu_fused::fused_tiny_whole_token_dispatch",
+    ),
+    entry(
         "engine inputs",
         "megamoe.gpu_engine::bf16_activations_and_i64_ids_give_the_host_quantized_bits",
     ),

@@ -15,7 +15,8 @@
 //   3. route     a CTA per expert (strided over the grid): each pair's pool row at its owner,
 //                the padding marks of this rank's pool; each CTA's first L1 weights into L2;
 //   4. dispatch  tokens (pairs, when few) over the grid: each token's row into its owners' L1 pools
-//                (peer stores), read once for its slots;
+//                (peer stores), read once for its slots; the one-CTA kernels' whole tokens go
+//                through the still idle shared memory, one bulk store a slot;
 //                the ranks meet;
 //   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
 //                consumer warpgroups, the epilogue warps), its epilogue SwiGLU + clamp + top-k
@@ -177,6 +178,131 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
 
 // The glue stages. (Calls of their own, noinline, spill under the call convention's registers.)
 
+// 4. dispatch of an FP8 pool's whole token t by one warp of a one-CTA kernel (`lane` its place):
+// the row in pool order into `buf` (h bytes of this warp's two: the one its last bulk stores but
+// one read from), then one bulk store of it per routed slot, which the TMA writes while the warp
+// goes on, then the scales and RowMeta as dispatch_slots_fp8. Stores from registers move ≈ 12 GB/s
+// a CTA (perf.md v119, v120); the TMA's need neither registers nor the warp. Returns whether the
+// token has a routed slot (then it committed a bulk group that reads `buf`). kUnroll 6: at 8
+// ptxas spilled the 128-token kernel's consumers, at 4 it serialized the 256-token kernel's
+// wgmmas (C7511).
+template <int kUnroll>
+__device__ __forceinline__ bool dispatch_token_fp8_bulk(const DispatchParams& p, int t, int lane, u8* buf) {
+  const int h = p.hidden, k = p.top_k;
+  const u8* src = p.x + (size_t)t * h;
+  const int* route = p.route + (size_t)t * k;
+  const int* ids = p.topk_idx + (size_t)t * k;
+  bool routed = false;
+  for (int j = 0; j < k; ++j) routed |= route[j] >= 0;
+  if (!routed) return false;
+  if (lane == 0) sm90::bulk_wait_read<1>();  // the buffer's last stores (two tokens ago) have read it
+  __syncwarp();
+  for (int c0 = lane * 16; c0 < h; c0 += 32 * 16 * kUnroll) {
+    u32 w[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32 * 16;
+      if (c >= h) break;
+      const u8* block = src + (c & ~127);
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        w[u][b] = *reinterpret_cast<const u32*>(block + pool_order::unit_source_byte((c & 127) / 16, b));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32 * 16;
+      if (c >= h) break;
+      *reinterpret_cast<uint4*>(buf + c) = make_uint4(w[u][0], w[u][1], w[u][2], w[u][3]);
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) {
+    for (int j = 0; j < k; ++j) {
+      const int row = route[j];
+      if (row >= 0)
+        sm90::bulk_store(reinterpret_cast<u8*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) + (size_t)row * h, buf,
+                         (u32)h);
+    }
+    sm90::bulk_commit();
+  }
+  const int k_blocks = h / 128;
+  const u8* src_sf = p.x_sf + (size_t)t * k_blocks;
+  check_token_scales<128>(p, t, src_sf, lane, 32);
+  for (int j = 0; j < k; ++j) {
+    const int row = route[j];
+    if (row < 0) continue;
+    const int owner = ids[j] / p.experts_per_rank;
+    const bool in_table = !p.staged || owner == p.rank;
+    u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
+                      : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
+    for (int kb = lane; kb < k_blocks; kb += 32) sf[kb * kb_stride] = src_sf[kb];
+    if (lane == 0) store_row_meta(p, owner, row, t, j);
+  }
+  return true;
+}
+
+// 4. dispatch of a BF16 pool's whole token t, part `part` of `parts` (contiguous runs of its
+// 128-channel blocks), by one warp of a one-CTA kernel: the part widened into `buf` (this warp's
+// buffer of two the group two parts back no longer reads), one bulk store of it per routed slot,
+// then (part 0) the token's scale check and RowMeta. Pools without staged rows only (the staged
+// slots' raw rows are dispatch_slots_bf16's). Returns whether it committed a bulk group.
+template <int G, int kUnroll>
+__device__ __forceinline__ bool dispatch_part_bf16_bulk(const DispatchParams& p, int t, int part, int parts, int lane,
+                                                        u16* buf) {
+  const int h = p.hidden, k = p.top_k, blocks = h / 128;
+  const u8* src = p.x + (size_t)t * h;
+  const u8* src_sf = p.x_sf + (size_t)t * (h / G);
+  const int* route = p.route + (size_t)t * k;
+  const int* ids = p.topk_idx + (size_t)t * k;
+  bool routed = false;
+  for (int j = 0; j < k; ++j) routed |= route[j] >= 0;
+  if (!routed) return false;
+  const int c_begin = part * blocks / parts * 128, c_end = (part + 1) * blocks / parts * 128;
+  if (lane == 0) sm90::bulk_wait_read<1>();
+  __syncwarp();
+  for (int c0 = c_begin + lane * 16; c0 < c_end; c0 += 32 * 16 * kUnroll) {
+    WideUnit w[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32 * 16;
+      if (c >= c_end) break;
+      w[u] = load_wide_unit<G>(src, src_sf, c);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32 * 16;
+      if (c >= c_end) break;
+      store_wide_unit(w[u], buf + (c - c_begin));
+    }
+  }
+  sm90::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) {
+    for (int j = 0; j < k; ++j) {
+      const int row = route[j];
+      if (row >= 0)
+        sm90::bulk_store(reinterpret_cast<u16*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) + (size_t)row * h + c_begin,
+                         buf, (u32)(c_end - c_begin) * 2);
+    }
+    sm90::bulk_commit();
+  }
+  if (part == 0) {
+    check_token_scales<G>(p, t, src_sf, lane, 32);
+    if (lane == 0)
+      for (int j = 0; j < k; ++j)
+        if (route[j] >= 0) store_row_meta(p, ids[j] / p.experts_per_rank, route[j], t, j);
+  }
+  return true;
+}
+
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+  u32 b;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(b));
+  return b;
+}
+
 // 3. route: a CTA per expert; 4. dispatch: tokens (when they fill the grid) or pairs over the grid.
 template <int G, bool kL1Fp8Pool, int kUnroll>
 __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
@@ -195,6 +321,42 @@ __device__ __forceinline__ void route_and_dispatch(const MegaParams& p) {
   // rule stays as it is (a factor there made ptxas serialize a 32-token kernel's wgmmas, C7511).
   constexpr int kRowParts = !kL1Fp8Pool && kUnroll >= 8 ? 3 : 1;
   const bool whole = tokens * parts * (kRowParts > 1 ? 2 * kRowParts : 1) >= (int)gridDim.x * kWarps;
+  if constexpr (kL1Fp8Pool && kUnroll >= 8) {
+    // One-CTA kernels' whole FP8 tokens: through two buffers a warp in the (still idle) shared
+    // memory, written out by bulk stores, when they fit.
+    const int h = p.dispatch.hidden;
+    if (whole && 2 * kWarps * h + 1024 <= (int)dynamic_smem_bytes()) {
+      extern __shared__ __align__(1024) u8 smem_raw[];
+      u8* bufs = sm90::align_smem(smem_raw) + (threadIdx.x / 32) * 2 * h;
+      int n = 0;
+      over_warps(tokens, 1, [&](int token, int lane, int) {
+        if (dispatch_token_fp8_bulk<6>(p.dispatch, token, lane, bufs + (n & 1) * h)) ++n;
+      });
+      if (threadIdx.x % 32 == 0) sm90::bulk_wait<0>();  // written, and the buffers free for the GEMM
+      __syncwarp();
+      sm90::fence_proxy_async_global();
+      return;
+    }
+  }
+  if constexpr (!kL1Fp8Pool && kUnroll >= 8) {
+    // One-CTA kernels' whole BF16 tokens without staged rows: likewise, a part a warp.
+    const int h = p.dispatch.hidden, part_bytes = (h / 128 + kRowParts - 1) / kRowParts * 256;
+    if (whole && !p.dispatch.staged && 2 * kWarps * part_bytes + 1024 <= (int)dynamic_smem_bytes()) {
+      extern __shared__ __align__(1024) u8 smem_raw[];
+      u8* bufs = sm90::align_smem(smem_raw) + (threadIdx.x / 32) * 2 * part_bytes;
+      int n = 0;
+      over_warps(tokens * kRowParts, 1, [&](int item, int lane, int) {
+        const int token = item / kRowParts;
+        if (dispatch_part_bf16_bulk<G, 4>(p.dispatch, token, item - token * kRowParts, kRowParts, lane,
+                                          reinterpret_cast<u16*>(bufs + (n & 1) * part_bytes)))
+          ++n;
+      });
+      if (threadIdx.x % 32 == 0) sm90::bulk_wait<0>();
+      __syncwarp();
+      sm90::fence_proxy_async_global();
+      return;
+    }
+  }
   over_warps(whole ? tokens * kRowParts : route.pairs, whole ? 1 : parts, [&](int item, int t, int threads) {
     const int token = whole ? item / kRowParts : item / k, j0 = whole ? 0 : item - token * k, j1 = whole ? k : j0 + 1;
     if (whole) {

@@ -167,6 +167,14 @@ __device__ __forceinline__ void tma_store_2d(const void* map, const void* src, i
                "r"(smem_addr(src)), "r"(x), "r"(y)
                : "memory");
 }
+// Contiguous copy from shared memory to global, in this thread's bulk group; bytes and both
+// addresses multiples of 16. The writes that filled `src` must be ordered before it by
+// fence_proxy_async_shared.
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+               "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // This thread's bulk groups, all but the last N: done reading shared memory / done altogether.
 template <int N> __device__ __forceinline__ void bulk_wait_read() {

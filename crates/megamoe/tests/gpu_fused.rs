@@ -193,6 +193,23 @@ fn fused_tiny_one_forward_two_ranks() {
     tiny_one_forward(2);
 }
 
+/// The sanitizer's case of the one-CTA kernels' whole-token dispatch (bulk stores from shared
+/// memory): 2048 tokens of the tiny preset (512 rows an expert), enough for every warp of the grid
+/// to take whole tokens on both pools (FP8 from 12 tokens an SM, BF16 from 2), checked.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_tiny_whole_token_dispatch() {
+    for (recipe, routes) in [
+        (Recipe::Mx32, Routes::EXACT),
+        (Recipe::G128, Routes::both(Mma::Fp8)),
+    ] {
+        let config = Config::tiny().with_recipe(recipe);
+        let p = generated_problem(config, 2048, 94, 0.1);
+        let what = format!("tiny {recipe}/{routes} fused, whole-token dispatch");
+        run_cases(&what, &p, routes, &[2048], Placement::one_gpu(1), true);
+    }
+}
+
 /// The fused forward's timeline on one rank: every tile of both layers recorded once (their k128
 /// blocks add up to the layers'), none dropped, the stages in order, and y the same bits as
 /// without it.
