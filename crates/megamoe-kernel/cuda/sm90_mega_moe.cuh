@@ -178,14 +178,32 @@ __device__ __forceinline__ int pool_rows(const GemmParams& layer) {
 
 // The glue stages. (Calls of their own, noinline, spill under the call convention's registers.)
 
+// A warp's part of a token's pool row, `bytes` of `buf` written by its lanes, out to each routed
+// slot of the token (`route`, `ids`: its k pool rows and experts) at byte `at` of the slot's row
+// (`row_bytes` a row): one bulk store a slot by lane 0, committed as one group.
+__device__ __forceinline__ void store_slots_bulk(const DispatchParams& p, const int* route, const int* ids, int k,
+                                                 int lane, int row_bytes, int at, const void* buf, int bytes) {
+  sm90::fence_proxy_async_shared();  // the lanes' writes of buf, before the async proxy reads it
+  __syncwarp();
+  if (lane == 0) {
+    for (int j = 0; j < k; ++j)
+      if (route[j] >= 0)
+        sm90::bulk_store(reinterpret_cast<u8*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) +
+                             (size_t)route[j] * row_bytes + at,
+                         buf, (u32)bytes);
+    sm90::bulk_commit();
+  }
+}
+
 // 4. dispatch of an FP8 pool's whole token t by one warp of a one-CTA kernel (`lane` its place):
 // the row in pool order into `buf` (h bytes of this warp's two: the one its last bulk stores but
 // one read from), then one bulk store of it per routed slot, which the TMA writes while the warp
-// goes on, then the scales and RowMeta as dispatch_slots_fp8. Stores from registers move ≈ 12 GB/s
-// a CTA (perf.md v119, v120); the TMA's need neither registers nor the warp. Returns whether the
-// token has a routed slot (then it committed a bulk group that reads `buf`). kUnroll 6: at 8
-// ptxas spilled the 128-token kernel's consumers, at 4 it serialized the 256-token kernel's
-// wgmmas (C7511).
+// goes on (no registers held for it: the stage 8 % shorter than with stores from registers,
+// perf.md v122), then the scales and RowMeta as dispatch_slots_fp8 — its lines, not a function
+// both share: as a call of its own they spilled the two-CTA 32-token kernel (16 B). Returns
+// whether the token has a routed slot (then it committed a bulk group that reads `buf`).
+// kUnroll 6: at 8 ptxas spilled the 128-token kernel's consumers, at 4 it serialized the
+// 256-token kernel's wgmmas (C7511).
 template <int kUnroll>
 __device__ __forceinline__ bool dispatch_token_fp8_bulk(const DispatchParams& p, int t, int lane, u8* buf) {
   const int h = p.hidden, k = p.top_k;
@@ -215,17 +233,7 @@ __device__ __forceinline__ bool dispatch_token_fp8_bulk(const DispatchParams& p,
       *reinterpret_cast<uint4*>(buf + c) = make_uint4(w[u][0], w[u][1], w[u][2], w[u][3]);
     }
   }
-  sm90::fence_proxy_async_shared();
-  __syncwarp();
-  if (lane == 0) {
-    for (int j = 0; j < k; ++j) {
-      const int row = route[j];
-      if (row >= 0)
-        sm90::bulk_store(reinterpret_cast<u8*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) + (size_t)row * h, buf,
-                         (u32)h);
-    }
-    sm90::bulk_commit();
-  }
+  store_slots_bulk(p, route, ids, k, lane, h, 0, buf, h);
   const int k_blocks = h / 128;
   const u8* src_sf = p.x_sf + (size_t)t * k_blocks;
   check_token_scales<128>(p, t, src_sf, lane, 32);
@@ -277,17 +285,7 @@ __device__ __forceinline__ bool dispatch_part_bf16_bulk(const DispatchParams& p,
       store_wide_unit(w[u], buf + (c - c_begin));
     }
   }
-  sm90::fence_proxy_async_shared();
-  __syncwarp();
-  if (lane == 0) {
-    for (int j = 0; j < k; ++j) {
-      const int row = route[j];
-      if (row >= 0)
-        sm90::bulk_store(reinterpret_cast<u16*>(p.peers->l1_act[ids[j] / p.experts_per_rank]) + (size_t)row * h + c_begin,
-                         buf, (u32)(c_end - c_begin) * 2);
-    }
-    sm90::bulk_commit();
-  }
+  store_slots_bulk(p, route, ids, k, lane, 2 * h, 2 * c_begin, buf, 2 * (c_end - c_begin));
   if (part == 0) {
     check_token_scales<G>(p, t, src_sf, lane, 32);
     if (lane == 0)
