@@ -3,7 +3,8 @@
 # with .device/bench_table.py = runs/2026-12-05-s38-bench_table.py): the whole-token sanitizer case
 # under the four tools (store_slots_bulk), then on an H200 the bar's table first (V4-Pro
 # per rank, both routes, T = 8 ... 8192, fused and unfused, ROUNDS rounds of five, default two,
-# and one sustained round) and gpu_fused after; on another card gpu_fused first. As BUDGET lasts.
+# and one sustained round) and gpu_fused (or the tests GATE names) after; on another card the
+# gate first. As BUDGET lasts.
 # Carry [".gpu-bundle", ".device"]; logs into $OUT/all.tgz.
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_CACHE=/tmp/megamoe-cache CUDA_PATH=/usr/local/cuda \
@@ -31,7 +32,7 @@ table() {
 }
 gate() {
   (( $(left) > 60 )) || return
-  el gpu_fused; TEST_TIMEOUT=200 timeout $(( $(left) - 5 )) .gpu-bundle/run.sh gpu_fused > $L/gates.gpu_fused.log 2>&1
+  el gpu_fused ${GATE:-}; TEST_TIMEOUT=200 timeout $(( $(left) - 5 )) .gpu-bundle/run.sh ${GATE:-gpu_fused} > $L/gates.gpu_fused.log 2>&1
   grep -E "^(PASS|FAIL)|passed" $L/gates.gpu_fused.log | cut -c1-150; save
 }
 if grep -q H200 $L/gpu.txt; then table; gate; else gate; table; fi

@@ -2,7 +2,8 @@
 // rank's routes to y. Every CTA of the grid (all resident at once: one or two per SM, the GEMM's
 // shape, 384 threads) runs the stages in turn, each stage the very device function the unfused
 // pipeline's launch of it runs (sm90_unfused.cuh, and the grouped GEMM's pieces of
-// sm90_moe_gemm.cuh), so the fused forward's bits are the unfused forward's:
+// sm90_moe_gemm.cuh), so the fused forward's bits are the unfused forward's — but the one-CTA
+// kernels' whole-token dispatch, whose own functions write the same pool bytes by bulk stores:
 //
 //   0. inputs    only for an engine's inputs in other formats, over the grid: BF16 x quantized
 //                (as the host quantizer does) and i64 expert ids narrowed, into the pipeline's

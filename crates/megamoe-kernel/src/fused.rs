@@ -1,7 +1,8 @@
 //! The fused MoE forward (`cuda/sm90_mega_moe.cuh`): one persistent launch per forward runs every
 //! stage of a [`Pipeline`] — count, plan, route, dispatch, L1 with its SwiGLU epilogue, L2, combine — with the same
 //! device functions and on the same buffers as the unfused launches, so the two are bitwise equal
-//! when they run the same GEMM tiles. The plan is made on the device (no host round trip, no
+//! when they run the same GEMM tiles (the one-CTA kernels' whole-token dispatch alone has device
+//! functions of its own, bulk stores from shared memory that write the unfused dispatch's bytes). The plan is made on the device (no host round trip, no
 //! counts exchange): a forward is one launch.
 //!
 //! [`FusedCore`] is one compiled specialization (the two layers' [`TilePlan`]s, the recipe's
