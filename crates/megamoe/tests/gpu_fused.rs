@@ -1,7 +1,7 @@
 //! The fused forward (`ForwardPath::Fused`: one persistent launch per forward, the plan made on the
 //! device) on one GPU: bit for bit the unfused forward of the same inputs with the same GEMM tile,
 //! and within the contract's bound of the CPU reference, on every route — the tiny preset and the
-//! per-rank shapes of DeepSeek-V4-Flash / -Pro, T ∈ {0, 1, 7, 128, 376, 1000, 8192}, masked slots,
+//! per-rank shapes of DeepSeek-V4-Flash / -Pro, T ∈ {0, 1, 7, 128, 376, 1000, 2048, 8192}, masked slots,
 //! skewed routing, a rank without tokens, R = 1 and R = 2, 4, 8 ranks sharing the GPU. Every
 //! forward writes into poisoned outputs; calls of different T share one pipeline, and a forward run
 //! again from the inputs on the device (A, B, A) gives A's bits.
