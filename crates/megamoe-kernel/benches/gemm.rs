@@ -209,11 +209,7 @@ fn variant_name(plan: &TilePlan) -> String {
         plan.tokens_per_tile,
         plan.ctas_per_sm,
         plan.cluster,
-        if plan.schedules_dynamically() {
-            "/dyn"
-        } else {
-            ""
-        },
+        if plan.dynamic { "/dyn" } else { "" },
         if plan.splits_tail() {
             format!("/sk{}", plan.split_parts)
         } else {

@@ -617,7 +617,7 @@ impl Pipeline {
                         1
                     },
                     arrivals_needed: if layer == 1 { l1_tiles_per_rows } else { 0 },
-                    tickets: if plan.schedules_dynamically() {
+                    tickets: if plan.dynamic {
                         tickets + (layer * 2 * size_of::<u32>()) as u64
                     } else {
                         0

@@ -320,7 +320,8 @@ pub struct TilePlan {
     /// run at one pace: of two CTAs on one SM one runs ahead, and with equal shares it ends 15 %
     /// earlier and leaves the SM to the other (perf.md v28: −4 % FP8 at T = 8 and 128, −2 % BF16,
     /// −1 % at T ≥ 2048). A cluster draws as one: its first CTA draws each item and hands it to
-    /// the other through shared memory (the kernel's `ClusterMail`).
+    /// the other through shared memory (the kernel's `ClusterMail`). Launches then draw from
+    /// `GemmParams::tickets`.
     pub dynamic: bool,
     /// Narrow tiles: a two-CTA tile whose rows fit in fewer tokens runs a main loop built for
     /// them (8 of 16; 16 of 32, or 24 on the FP8 route): less wgmma and promotion work for the
@@ -566,18 +567,13 @@ impl TilePlan {
         Self { dynamic, ..self }
     }
 
-    /// Whether launches draw their tiles from a counter (`GemmParams::tickets`).
-    pub fn schedules_dynamically(&self) -> bool {
-        self.dynamic
-    }
-
     /// Whether launches draw their last items in parts of K (`kSplitTail` in the kernel): not with
     /// pairs, whose items are drawn whole.
     pub fn splits_tail(&self) -> bool {
         self.split_parts > 1
             && self.ctas_per_sm == 2
             && self.cluster == 1
-            && self.schedules_dynamically()
+            && self.dynamic
             && !self.epilogue.pairs()
     }
 
@@ -1097,7 +1093,7 @@ impl GemmCore {
             grid,
             partials: gpu.alloc_zeros(hand_overs * tile_floats)?,
             partial_ready: gpu.alloc_zeros(hand_overs * CONSUMER_WARPS)?,
-            tickets: gpu.alloc_zeros(if plan.schedules_dynamically() { 2 } else { 0 })?,
+            tickets: gpu.alloc_zeros(if plan.dynamic { 2 } else { 0 })?,
             spill: gpu.alloc_zeros(if plan.epilogue.pairs() {
                 grid as usize * spill_floats(plan.unit_tokens())
             } else {
@@ -1217,7 +1213,7 @@ impl GemmCore {
         )?;
         let (partials, _g7) = self.partials.device_ptr_mut(stream);
         let (partial_ready, _g8) = self.partial_ready.device_ptr_mut(stream);
-        let (tickets, _g9) = if self.plan.schedules_dynamically() {
+        let (tickets, _g9) = if self.plan.dynamic {
             let (ptr, guard) = self.tickets.device_ptr_mut(stream);
             (ptr, Some(guard))
         } else {
@@ -1545,18 +1541,14 @@ mod tests {
     #[test]
     fn the_dynamic_schedule_is_the_default() {
         let plan = |mma, bn| TilePlan::new(mma, bn).unwrap();
-        assert!(plan(Mma::Fp8, 32).schedules_dynamically());
-        assert!(plan(Mma::Fp8, 128).schedules_dynamically());
+        assert!(plan(Mma::Fp8, 32).dynamic);
+        assert!(plan(Mma::Fp8, 128).dynamic);
+        assert!(!plan(Mma::Fp8, 32).with_dynamic(false).dynamic);
         assert!(
-            !plan(Mma::Fp8, 32)
-                .with_dynamic(false)
-                .schedules_dynamically()
-        );
-        assert!(
-            plan(Mma::Bf16, 256).cluster == 2 && plan(Mma::Bf16, 256).schedules_dynamically(),
+            plan(Mma::Bf16, 256).cluster == 2 && plan(Mma::Bf16, 256).dynamic,
             "a cluster draws together"
         );
-        assert!(plan(Mma::Bf16, 256).with_cluster(1).schedules_dynamically());
+        assert!(plan(Mma::Bf16, 256).with_cluster(1).dynamic);
     }
 
     #[test]

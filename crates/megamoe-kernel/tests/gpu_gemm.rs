@@ -229,11 +229,7 @@ fn run(gpu: &Gpu, jit: &Jit, case: Case) -> (f64, usize) {
     };
     eprintln!(
         "{recipe}/{mma:<4} bn {bn:>3} {base}{}{}{} n {n:>5} k {k:>5} rows {expert_rows:?}: calc_diff {diff:.3e}, {differ} of {} BF16 values differ",
-        if plan.schedules_dynamically() {
-            ", drawn"
-        } else {
-            ""
-        },
+        if plan.dynamic { ", drawn" } else { "" },
         if plan.splits_tail() {
             ", split tail"
         } else {
