@@ -177,10 +177,10 @@ pub struct KnownHazard {
     pub why: &'static str,
 }
 
-/// The GEMM's stage ring (the first three): each consumer warp frees a stage with one arrive of
+/// The GEMM's stage ring (the first four): each consumer warp frees a stage with one arrive of
 /// lane 0 after `__syncwarp()` (which orders the other lanes' reads before it), and the producer
-/// waits for that arrive before it reloads the stage (and the converter warp rewrites the stage's
-/// scales only after that reload lands). Racecheck credits an arrive with the arriving thread's own
+/// waits for that arrive before it reloads the stage, its token scales with it (on two-CTA FP8
+/// tiles the converter warp rewrites the stage's scales only after that reload lands). Racecheck credits an arrive with the arriving thread's own
 /// accesses only, so it reports the reads of lanes 1–31 against the next round's writes; the
 /// tests' results are checked against the reference all the same. Every lane arriving itself would
 /// give racecheck the order it looks for, but makes ptxas spill the 128-token FP8 kernels (48 B),
@@ -198,6 +198,11 @@ pub const KNOWN_HAZARDS: &[KnownHazard] = &[
         write: "mm::sm90::bulk_load(",
         read: "::decode_tile<",
         why: "the producer's next load into a stage the consumer warps freed (lane-0 arrive)",
+    },
+    KnownHazard {
+        write: "mm::sm90::bulk_load(",
+        read: "::chunk_scales<",
+        why: "the producer's next load of a stage's scales into a stage the consumer warps freed (lane-0 arrive)",
     },
     KnownHazard {
         write: "mm::gemm::ScaleConverter<",

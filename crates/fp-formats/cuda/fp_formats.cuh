@@ -78,6 +78,8 @@ __device__ __forceinline__ u8 e2m1_encode(float x) {
 __device__ __forceinline__ float ue8m0_decode(u8 b) {
   return b == 255 ? __uint_as_float(0x7fc00000u) : pow2((int)b - 127);
 }
+// The factor of a scale byte the kernels have checked (1..254; 0 gives 0): one shift.
+__device__ __forceinline__ float ue8m0_float(u32 b) { return __uint_as_float(b << 23); }
 
 // Biased exponent of |s| rounded up to a power of two, unclamped (0 for 0, 255 for >= 2^127 / non-finite).
 __device__ __forceinline__ u32 ceil_biased_exponent(float s) {

@@ -243,10 +243,11 @@ __device__ __forceinline__ bool dispatch_token_fp8_bulk(const DispatchParams& p,
     if (row < 0) continue;
     const int owner = ids[j] / p.experts_per_rank;
     const bool in_table = !p.staged || owner == p.rank;
-    u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
-                      : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
-    const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
-    for (int kb = lane; kb < k_blocks; kb += 32) sf[kb * kb_stride] = src_sf[kb];
+    const u64 kb_stride = in_table ? 4ull * p.sf_stride : 4ull;
+    u64 at = (in_table ? p.peers->l1_sf[owner] + 4ull * pool_order::scale_column(row)
+                       : p.peers->l1_staged[owner] + (u64)row * p.staged_row_bytes) + lane * kb_stride;
+    for (int kb = lane; kb < k_blocks; kb += 32, at += 32 * kb_stride)
+      *reinterpret_cast<float*>(at) = fp::ue8m0_float(src_sf[kb]);
     if (lane == 0) store_row_meta(p, owner, row, t, j);
   }
   return true;

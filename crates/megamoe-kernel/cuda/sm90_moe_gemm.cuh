@@ -60,12 +60,14 @@
 // 224 registers (FP8 at 256 tokens: one temp set and one stage of fragments, see Consumer). A
 // block of FP8 256-token or BF16 128-token one-CTA tiles may hold up to BN + Layout::kOverhang rows
 // (16 more tokens of each stage on the same decoded weights, GemmParams::overhang, ExpertBlocks).
-// FP8 activation scales: UE8M0 bytes, MN-major [K/128][sf_stride]; expert pool offsets multiples of 16.
+// FP8 activation scales: floats, MN-major [K/128][sf_stride], each 16 rows in the consumers' order
+// (pool_order.cuh's scale_column); expert pool offsets multiples of 16.
 #pragma once
 
 #include "barriers.cuh"
 #include "cuda_rt.cuh"
 #include "fp_formats.cuh"
+#include "pool_order.cuh"
 #include "sm90_ptx.cuh"
 #include "timeline.cuh"
 
@@ -95,14 +97,14 @@ struct __align__(64) TmaDescriptor {
 constexpr int kTensorMapBytes = sizeof(TmaDescriptor);
 struct ActMaps {
   TmaDescriptor tile, short_block, overhang;
-  // The token scales `[k_blocks][sf_stride]` in boxes of kScaleChunkBlocks k-blocks by BN rows
-  // (Layout::kChunkedScales).
+  // The token scales `[k_blocks][sf_stride]` (floats) in boxes of kScaleChunkBlocks k-blocks by BN
+  // rows (Layout::kChunkedScales).
   TmaDescriptor scales;
 };
 
 struct GemmParams {
   const u8* w_blocks;        // [E][n_tiles][k_blocks] x kWeightBlockBytes
-  const u8* act_sf;          // FP8: [k_blocks][sf_stride]; BF16: unused
+  const float* act_sf;       // FP8: [k_blocks][sf_stride] (pool_order.cuh); BF16: unused
   u16* out;                  // [pool rows][n_out] BF16 bits
   const int* expert_offset;  // [E] first pool row of each expert
   const int* expert_rows;    // [E] rows of each expert
@@ -263,19 +265,20 @@ struct Layout {
   // FP8 two-CTA tiles take a unit's token scales in chunks of kScaleChunkBlocks k-blocks, one copy
   // each into one of kScaleChunks buffers, not one small copy a stage: at small T the producer
   // thread's work a stage is on the critical path, and a stage's scale copy was ≈ 5 % of the
-  // forward at T = 8 (perf.md v92, call F). The converter warp reads a stage's bytes from its
-  // chunk and gives the buffer back after the chunk's last stage. One-CTA tiles keep the copy a
-  // stage: their stages are long, and a chunk of their 256 rows would cost a stage of shared memory.
+  // forward at T = 8 (perf.md v92, call F). The converter warp copies a stage's floats from its
+  // chunk into the stage in its consumers' order and gives the buffer back after the chunk's last
+  // stage. One-CTA tiles keep the copy a stage, straight from the pool in their consumers' order
+  // (no converter: its wait between a stage's arrival and its decode cost 1.4-1.9 %, perf.md
+  // v124): their stages are long, and a chunk of their 256 rows would cost a stage of shared memory.
   static constexpr bool kChunkedScales = kFp8 && kCtas == 2;
-  static constexpr int kScaleChunkBlocks = 64;  // every unit of H <= 8192 one chunk
+  static constexpr int kScaleChunkBlocks = 16;
   static constexpr int kScaleChunks = kChunkedScales ? 2 : 0;  // the converter's buffer index toggles
-  static constexpr int kScaleChunkBytes = BN * kScaleChunkBlocks;
-  static constexpr int kSfBytes = kFp8 && !kChunkedScales ? ((kUnitTokens + 127) / 128) * 128 : 0;
-  static constexpr int kSfFloatBytes = kFp8 ? kUnitTokens * 4 : 0;  // the scales as floats, by the converter warp
-  // FP8: the floats in scale_slot order, read four at a time (Consumer::chunk_scales).
+  static constexpr int kScaleChunkBytes = BN * kScaleChunkBlocks * 4;
+  static constexpr int kSfBytes = kFp8 ? kUnitTokens * 4 : 0;  // the stage's token scales (floats)
+  // FP8: the floats in the pool's order (pool_order::scale_column), read four at a time
+  // (Consumer::chunk_scales).
   static constexpr bool kQuadScales = kFp8 && kCtas == 1;
-  // A stage: the activation box, each weight tile's block (codes, then meta), the token scales
-  // (UE8M0 bytes, then the converter's floats).
+  // A stage: the activation box, each weight tile's block (codes, then meta), the token scales.
   static constexpr int kCodesAt = kActBytes;
   static constexpr int kSfAt = kCodesAt + kTiles * kWeightBlockBytes;
   // A unit's weight tile `tile` (0, or 1 of a twin) in a stage: a short twin's second tile's block
@@ -283,7 +286,7 @@ struct Layout {
   static constexpr int kSecondBlockAt = kShortTwin ? kShortTwinRows * 128 : kCodesAt + kWeightBlockBytes;
   static_assert(!kShortTwin || kSecondBlockAt + kWeightBlockBytes <= kActBytes, "a short twin's second tile fits its free rows");
   __host__ __device__ static constexpr int block_at(int tile) { return tile == 0 ? kCodesAt : kSecondBlockAt; }
-  static constexpr int kStageBytes = ((kSfAt + kSfBytes + kSfFloatBytes + 1023) / 1024) * 1024;
+  static constexpr int kStageBytes = ((kSfAt + kSfBytes + 1023) / 1024) * 1024;
   // FP8 with one CTA per SM: a buffer of the tile's BN token rows of 64 outputs per consumer
   // warpgroup, which the TMA stores (Bf16Out; gemm.rs's `epilogue_bytes` says why only there).
   static constexpr bool kBoxEpilogue = !kHandoff && kFp8 && kCtas == 1;
@@ -294,8 +297,9 @@ struct Layout {
   static constexpr int kHandoffBoxes = kHandoff && kTwin ? 2 : 1;
   static constexpr int kHandoffBytes = 256 * kUnitTokens;  // a box
   // Warps of the producer warpgroup that run the epilogue: those neither the producer thread's
-  // warp nor (FP8) the converter warp.
-  static constexpr int kEpilogueWarps = !kHandoff ? 0 : kFp8 ? 2 : 3;
+  // warp nor (FP8 two-CTA tiles) the converter warp. Its warps take issue slots from the consumer
+  // warps on their schedulers, so the more schedulers share them the better (perf.md v124).
+  static constexpr int kEpilogueWarps = !kHandoff ? 0 : kChunkedScales ? 2 : 3;
   static constexpr int kEpilogueThreads = 32 * kEpilogueWarps;
   // The SwiGLU epilogue's SiLU table (unfused::kSiluTableBytes), kept in shared memory so that its
   // lookups take no L1 or L2 traffic (perf.md v114), after the hand-off region.
@@ -634,16 +638,6 @@ __device__ __forceinline__ void decode_bf16_word(u32 w, u32 mult, u32& pa, u32& 
   pd = mul_bf16x2((w << 6) & (kMag | kSign), mult);
 }
 
-__device__ __forceinline__ float ue8m0_to_float(u32 b) { return __uint_as_float(b << 23); }  // b >= 1
-
-// Where the converter warp puts token j's scale: in each group of 16 tokens, thread-in-quad t's
-// four (tokens 2t, 2t + 1, 8 + 2t, 9 + 2t: its columns of two 8-column blocks) side by side, so a
-// consumer reads them with one LDS.128 (chunk_scales).
-__device__ __forceinline__ int scale_slot(int j) {
-  const int w = j % 16;
-  return j - w + (w % 8) / 2 * 4 + w / 8 * 2 + w % 2;
-}
-
 // ---------------------------------------------------------------- consumer main loop
 // One consumer warpgroup: 64 weight rows x BN tokens. Software-pipelined so that the decode of
 // stage s+1 and the promotion of chunk c-1 run on the CUDA cores while the tensor core works on
@@ -734,14 +728,14 @@ struct Consumer {
   __device__ const u32* stage_meta(int s, int tile = 0) const {
     return (const u32*)(smem + s * L::kStageBytes + L::block_at(tile) + kCodeBytes);
   }
-  __device__ const float* stage_sf(int s) const { return (const float*)(smem + s * L::kStageBytes + L::kSfAt + L::kSfBytes); }
+  __device__ const float* stage_sf(int s) const { return (const float*)(smem + s * L::kStageBytes + L::kSfAt); }
 
   // Waits for the next stage and decodes its weight fragments into parity P (twin: both tiles',
   // into a[0] and a[1]).
   template <int P>
   __device__ __forceinline__ void load_stage() {
     mbar_wait(full(stage), phase);
-    mbar_wait(scales_ready(stage), phase);
+    if constexpr (L::kChunkedScales) mbar_wait(scales_ready(stage), phase);
     held[P] = stage;
     if constexpr (kTwin) {
       decode_tile<0, 0>(stage);
@@ -765,8 +759,8 @@ struct Consumer {
     const fp::E4m3Table tr8 = fold_table_at<kRegs>((meta_r8 >> (4 * t)) & 0xf, fold_table());
 #pragma unroll
     for (int j = 0; j < 4; ++j) decode_fp8(codes[j * 256], tr, tr8, &a[kSet][4 * j]);
-    base[kBase][0] = ue8m0_to_float((meta_r >> 16) & 0xff);
-    base[kBase][1] = ue8m0_to_float((meta_r8 >> 16) & 0xff);
+    base[kBase][0] = fp::ue8m0_float((meta_r >> 16) & 0xff);
+    base[kBase][1] = fp::ue8m0_float((meta_r8 >> 16) & 0xff);
   }
 
   // BF16: waits for the next stage; it becomes the current one (held[1] keeps the previous).
@@ -985,7 +979,7 @@ struct Consumer {
   }
 
   // FP8: the token scales of chunk h of parity P's stage (two per 8 columns). One CTA per SM: in
-  // the converter's order (scale_slot), one LDS.128 per 16 columns, and (one base per row) loaded
+  // the pool's order (pool_order::scale_column), one LDS.128 per 16 columns, and (one base per row) loaded
   // before the wgmma wait that precedes their promotion, so the shared-memory latency hides behind
   // it. Two CTAs per SM have no registers to spare for either (with them ptxas serialized the
   // wgmmas, C7511): one LDS.64 per 8 columns after the wait.
@@ -1187,7 +1181,7 @@ struct Consumer {
     }
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(full(stage), phase);
-      mbar_wait(scales_ready(stage), phase);
+      if constexpr (L::kChunkedScales) mbar_wait(scales_ready(stage), phase);
       held[0] = stage;
       decode_tile<0, 0>(stage);
       decode_tile<1, 1>(stage);
@@ -1288,9 +1282,9 @@ struct Producer {
     constexpr u32 kActTx = kBoxes == kShortBox ? L::kShortBoxBytes
                            : kBoxes == kOverhangBox ? L::kActBytes
                                                     : L::kTileBoxBytes;
-    const u32 tx_bytes = kActTx + loaded_tiles * kWeightBlockBytes + (kFp8 && !L::kChunkedScales ? kTokens : 0);
+    const u32 tx_bytes = kActTx + loaded_tiles * kWeightBlockBytes + (kFp8 && !L::kChunkedScales ? 4 * kTokens : 0);
     const size_t tile_stride = p.k / kBlockK * kWeightBlockBytes;
-    const u8* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
+    const float* scales = kFp8 ? p.act_sf + (size_t)u.kb_begin * p.sf_stride + row0 : nullptr;
 #pragma unroll 1
     for (int kb = u.kb_begin; kb < u.kb_end; ++kb) {
       u8* dst = smem + stage * L::kStageBytes;
@@ -1329,7 +1323,7 @@ struct Producer {
         }
       }
       if constexpr (kFp8 && !L::kChunkedScales) {
-        bulk_load(dst + L::kSfAt, scales, kTokens, &full[stage]);
+        bulk_load(dst + L::kSfAt, scales, 4 * kTokens, &full[stage]);
         scales += p.sf_stride;
       }
 #pragma unroll
@@ -1444,13 +1438,15 @@ struct Producer {
   }
 };
 
-// ---------------------------------------------------------------- converter role (FP8)
-// Warp 1 of warpgroup 0: each stage's UE8M0 token scales -> floats, once for both consumer
-// warpgroups, so the promotion reads two ready factors per LDS.64 (in scale_slot order with one
-// CTA per SM, Consumer::chunk_scales). It follows the units the producer hands out to the end mark.
+// ---------------------------------------------------------------- converter role (FP8 two-CTA tiles)
+// Warp 1 of warpgroup 0: each stage's token scales from the unit's chunk (the pool's floats, in
+// pool_order::scale_column order) into the stage in column order, once for both consumer
+// warpgroups, so the promotion reads two factors per LDS.64 (Consumer::chunk_scales). It follows
+// the units the producer hands out to the end mark.
 template <int BN, int kCtas, bool kHandoff>
 struct ScaleConverter {
   using L = Layout<BN, true, kCtas, kHandoff>;
+  static_assert(L::kChunkedScales, "one-CTA tiles load their floats in the consumers' order");
 
   __device__ __forceinline__ static void run(u8* smem, int lane) {
     u64* full = (u64*)(smem + L::kFullAt);
@@ -1458,29 +1454,24 @@ struct ScaleConverter {
     const UnitDesc* units = (const UnitDesc*)(smem + L::kUnitsAt);
     int stage = 0, slot = 0;
     u32 phase = 0;
-    int buffer = 0;  // the scale chunk buffer the next chunk lies in (Layout::kChunkedScales)
-    for (;; slot = L::slot_after(slot, L::kShortTwin ? units[slot].tiles : L::kUnitTiles)) {
+    int buffer = 0;  // the scale chunk buffer the next chunk lies in
+    for (;; slot = L::slot_after(slot, L::kUnitTiles)) {
       ring_wait(&full[stage], phase, smem + L::kRingErrorAt);  // the unit's first stage, or the end mark
       const u32 range = units[slot].kb_range;
       if (range == 0) break;
-      const int tokens = L::kOverhang > 0 && units[slot].rows > BN ? L::kUnitTokens : BN;  // the scales its stages load
       const int kb_end = (int)(range >> 16);
       int at = 0;  // the stage's k-block in its scale chunk
       for (int kb = range & 0xffff; kb < kb_end; ++kb) {
-        u8* dst = smem + stage * L::kStageBytes + L::kSfAt;
+        float* dst = (float*)(smem + stage * L::kStageBytes + L::kSfAt);
         ring_wait(&full[stage], phase, smem + L::kRingErrorAt);
-        // Chunked scales: a stage's bytes lie in its chunk, not in the stage.
-        const u8* bytes = L::kChunkedScales ? smem + L::kScaleChunksAt + buffer * L::kScaleChunkBytes + at * BN : dst;
-        for (int i = lane; i < tokens; i += 32)
-          ((float*)(dst + L::kSfBytes))[L::kQuadScales ? scale_slot(i) : i] = ue8m0_to_float(bytes[i]);
+        const float* chunk = (const float*)(smem + L::kScaleChunksAt + buffer * L::kScaleChunkBytes) + at * BN;
+        for (int i = lane; i < BN; i += 32) dst[i] = chunk[pool_order::scale_column(i)];
         mbar_arrive(&scales_ready[stage]);  // release: the floats are visible to whoever waits
-        if constexpr (L::kChunkedScales) {
-          // The chunk's last stage gives its buffer back to the producer (each lane after its reads).
-          if (++at == L::kScaleChunkBlocks || kb + 1 == kb_end) {
-            mbar_arrive((u64*)(smem + L::kScaleEmptyAt) + buffer);
-            buffer ^= 1;
-            at = 0;
-          }
+        // The chunk's last stage gives its buffer back to the producer (each lane after its reads).
+        if (++at == L::kScaleChunkBlocks || kb + 1 == kb_end) {
+          mbar_arrive((u64*)(smem + L::kScaleEmptyAt) + buffer);
+          buffer ^= 1;
+          at = 0;
         }
         if (++stage == L::kStages) { stage = 0; phase ^= 1; }
       }
@@ -1752,7 +1743,7 @@ struct Gemm {
         Role::run(p, act_map, smem, rank);
       } else if (kHandoff && threadIdx.x >= kFirstEpilogueThread) {
         epi.template run<L>(smem);
-      } else if constexpr (kFp8) {
+      } else if constexpr (L::kChunkedScales) {
         if (threadIdx.x / 32 == 1) ScaleConverter<BN, kCtas, kHandoff>::run(smem, threadIdx.x % 32);
       }
     } else {

@@ -42,7 +42,7 @@ struct SwigluParams {
   const unfused::RowMeta* meta;  // [pool rows]: each row's top-k weight
   const u32* silu;               // the SiLU table (unfused::kSiluTableWords, uf_silu_table)
   u8* l2_act;                    // FP8 pool: E4M3 [rows][I]; BF16 pool: BF16 [rows][I] (pool order)
-  u8* l2_sf;                     // FP8 pool: [I/128][sf_stride]
+  float* l2_sf;                  // FP8 pool: [I/128][sf_stride] (pool_order.cuh)
   // G = 128: per CTA of the launch (kSpillFloats<L> each), the first tile of a pair's h values
   // ([16 chunks of 4 channels][the tile's tokens, Layout::kUnitTokens] float4).
   float* spill;
@@ -321,7 +321,8 @@ struct SwigluOut {
             *reinterpret_cast<uint2*>(dst + 16 * k) = piece<kSpareRegs>(h0, h1, e0, e0);
           }
         }
-        if (kFp8Pool && j == 0) s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + row0 + tau] = (u8)e0;
+        if (kFp8Pool && j == 0)
+          s.l2_sf[(size_t)(ch0 / 128) * s.sf_stride + pool_order::scale_column(row0 + tau)] = fp::ue8m0_float(e0);
       }
       sm90::mbar_arrive((u64*)(smem + L::kHandoffEmptyAt) + box);  // the box is the consumers' again
       if (s.row_arrivals && ch0 < s.inter) count_rows<kThreads>(row0);

@@ -40,9 +40,10 @@
 //                      launches with no host round trip; a missing rank times out into the error word.
 // Template parameters: G (32|128, the recipe's activation group) and kFp8Pool, the format of the pool
 // a function writes (each GEMM's tensor-core route: the dispatch and the unstaging write the L1 pool,
-// the L1's SwiGLU epilogue the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus UE8M0 [K/128][sf_stride]
-// (MN-major); BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the
-// GEMM's pool channel order (pool_order.cuh).
+// the L1's SwiGLU epilogue the L2 pool). Pools: FP8 route (g128 only) = E4M3 [rows][K] plus the
+// token scales as floats [K/128][sf_stride] (MN-major, each 16 rows in the GEMM consumers' order);
+// BF16 route = BF16 [rows][K] of E4M3 * 2^(scale-127), exact for either group; K in the GEMM's pool
+// channel order, the scales' rows in theirs (pool_order.cuh).
 #pragma once
 #include "barriers.cuh"
 #include "fp_formats.cuh"
@@ -90,7 +91,7 @@ struct DispatchParams {
   const PeerTable* peers;  // every owner's pool, scales, staged rows and RowMeta table
   int tokens, top_k, hidden, experts_per_rank, staged_row_bytes, sf_stride, rank;
   // Rows for peers go to l1_staged as few whole NVLink stores, and the owner finishes them
-  // (uf_unstage): FP8 pool, the row's H/128 scale bytes side by side (instead of one store per
+  // (uf_unstage): FP8 pool, the row's H/128 scales (floats) side by side (instead of one store per
   // k128 block into the table); BF16 pool, the E4M3 row and its H/G scales (half the bytes of the
   // widened row).
   int staged;
@@ -109,7 +110,7 @@ struct RouteParams {
 
 struct UnstageParams {
   const u8* staged;        // [rows][staged_row_bytes]
-  u8* sf;                  // FP8 pool: [k_blocks][sf_stride]
+  float* sf;               // FP8 pool: [k_blocks][sf_stride] (pool_order.cuh)
   u16* pool;               // BF16 pool: [rows][hidden]
   const RowMeta* meta;     // [rows]: rows from other ranks move, the rest stay
   int rows, hidden, staged_row_bytes, sf_stride, rank, pad_;
@@ -489,8 +490,9 @@ __device__ __forceinline__ void dispatch_slots_bf16(const DispatchParams& p, int
 // uf_dispatch of FP8 pools: slots [j0, j1) of token t of this rank's T (a whole token, or one
 // pair), its row read once and stored into the pool row of each routed slot (16 pool-order
 // channels a thread at a time: four canonical 4-byte words, one of each scale block of the
-// 128-channel block; kUnroll units loaded before any is stored), then each slot's scales — into
-// the owner's table ([kb][row]), or staged side by side ([row][kb]) for its unstage — and RowMeta.
+// 128-channel block; kUnroll units loaded before any is stored), then each slot's scales as floats
+// — into the owner's table ([kb][scale_column(row)]), or staged side by side ([row][kb]) for its
+// unstage — and RowMeta.
 // A whole token's row is read once instead of k times; a pair at a time spreads the slots' chain
 // of lookups over k times the warps when the tokens are few (route_and_dispatch).
 template <int kUnroll = 1>
@@ -533,19 +535,20 @@ __device__ __forceinline__ void dispatch_slots_fp8(const DispatchParams& p, int 
     if (row < 0) continue;
     const int owner = ids[j] / p.experts_per_rank;
     const bool in_table = !p.staged || owner == p.rank;
-    u8* sf = in_table ? reinterpret_cast<u8*>(p.peers->l1_sf[owner]) + row
-                      : reinterpret_cast<u8*>(p.peers->l1_staged[owner]) + (size_t)row * p.staged_row_bytes;
+    float* sf = in_table ? reinterpret_cast<float*>(p.peers->l1_sf[owner]) + pool_order::scale_column(row)
+                         : reinterpret_cast<float*>(p.peers->l1_staged[owner] + (size_t)row * p.staged_row_bytes);
     const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
-    for (int kb = thread; kb < k_blocks; kb += threads) sf[kb * kb_stride] = src_sf[kb];
+#pragma unroll 1
+    for (int kb = thread; kb < k_blocks; kb += threads) sf[kb * kb_stride] = fp::ue8m0_float(src_sf[kb]);
     if (thread == 0) store_row_meta(p, owner, row, t, j);
   }
 }
 
 // uf_unstage: pool row `row` (< rows); its work over `threads` threads (this one is `thread`). FP8
-// pool: the row's scales (16 at a time, a 16-byte load) to [kb][row]; the kernel gives each row one
-// thread, so a warp stores 32 consecutive bytes per kb. BF16 pool: the row widened as the dispatch
-// would have, 16 channels per thread at a time. Padding rows and this rank's own rows (written in
-// place) stay.
+// pool: the row's scales (four floats at a time, a 16-byte load) to [kb][scale_column(row)]; the
+// kernel gives each row one thread, so a warp stores 128 consecutive bytes per kb. BF16 pool: the
+// row widened as the dispatch would have, 16 channels per thread at a time. Padding rows and this
+// rank's own rows (written in place) stay.
 template <int G, bool kFp8Pool>
 __device__ __forceinline__ void unstage_row(const UnstageParams& p, int row, int thread, int threads) {
   static_assert(kPoolFitsGroup<G, kFp8Pool>, "the FP8 pool carries one scale per 128 channels");
@@ -554,12 +557,13 @@ __device__ __forceinline__ void unstage_row(const UnstageParams& p, int row, int
   const u8* staged = p.staged + (size_t)row * p.staged_row_bytes;
   if constexpr (kFp8Pool) {
     const int k_blocks = p.hidden / 128;
-    for (int k0 = thread * 16; k0 < k_blocks; k0 += threads * 16) {
-      const uint4 v = reinterpret_cast<const uint4*>(staged)[k0 / 16];
-      const u32 w[4] = {v.x, v.y, v.z, v.w};
+    float* sf = p.sf + pool_order::scale_column(row);
+    for (int k0 = thread * 4; k0 < k_blocks; k0 += threads * 4) {
+      const float4 v = reinterpret_cast<const float4*>(staged)[k0 / 4];
+      const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
-        if (k0 + i < k_blocks) p.sf[(size_t)(k0 + i) * p.sf_stride + row] = (u8)(w[i / 4] >> (8 * (i % 4)));
+      for (int i = 0; i < 4; ++i)
+        if (k0 + i < k_blocks) sf[(size_t)(k0 + i) * p.sf_stride] = f[i];
     }
   } else {
     widen_row<G>(staged, staged + p.hidden, p.pool + (size_t)row * p.hidden, p.hidden, thread, threads);

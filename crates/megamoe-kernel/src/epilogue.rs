@@ -93,7 +93,7 @@ pub struct SwigluOut {
     /// The SiLU table: the fast SiLU's corrections, the clamp's silu (`uf_silu_table`).
     pub silu: u64,
     /// The L2 pool: E4M3 or BF16 `[pool rows][I]` in pool channel order, and (E4M3) its scales
-    /// `[I/128][sf_stride]`.
+    /// `[I/128][sf_stride]` f32 ([`crate::pool_order::scale_column`]).
     pub l2_act: u64,
     pub l2_sf: u64,
     pub intermediate: usize,

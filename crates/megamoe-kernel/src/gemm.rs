@@ -210,9 +210,10 @@ const fn epilogue_bytes(
 }
 /// Bytes of a unit descriptor in the producer's ring (`UnitDesc`).
 const UNIT_DESC_BYTES: usize = 48;
-/// k128 blocks of token scales one copy loads on FP8 two-CTA tiles (`Layout::kScaleChunkBlocks`;
-/// [`TilePlan::chunks_scales`]), and the buffers they take turns in (`Layout::kScaleChunks`).
-const SCALE_CHUNK_BLOCKS: usize = 64;
+/// k128 blocks of token scales (floats) one copy loads on FP8 two-CTA tiles
+/// (`Layout::kScaleChunkBlocks`; [`TilePlan::chunks_scales`]), and the buffers they take turns in
+/// (`Layout::kScaleChunks`).
+const SCALE_CHUNK_BLOCKS: usize = 16;
 const SCALE_CHUNKS: usize = 2;
 /// Rows of a short twin unit's block at most (`Layout::kShortTwinRows`), the rows of its
 /// activation box.
@@ -458,13 +459,12 @@ impl TilePlan {
     }
 
     /// Bytes of one pipeline stage (`Layout::kStageBytes`): the activation box (and the overhang
-    /// rows'), each weight tile's codes and meta, and on the FP8 route the token scales (padded to
-    /// 128; in their chunks instead where [`Self::chunks_scales`]) and the converter warp's floats.
+    /// rows'), each weight tile's codes and meta, and on the FP8 route the token scales (floats:
+    /// the pool's, or where [`Self::chunks_scales`] the converter warp's copy from their chunk).
     fn stage_bytes_of(&self) -> usize {
         let bn = self.unit_tokens();
         let (act, sf) = match self.mma {
-            Mma::Fp8 if self.chunks_scales() => (bn * 128, bn * 4),
-            Mma::Fp8 => (bn * 128, bn.div_ceil(128) * 128 + bn * 4),
+            Mma::Fp8 => (bn * 128, bn * 4),
             Mma::Bf16 => (bn * 128 * 2, 0),
         };
         (act + self.side_by_side_tiles() * WEIGHT_BLOCK_BYTES + sf).next_multiple_of(1024)
@@ -488,7 +488,7 @@ impl TilePlan {
 
     /// Shared memory of the scale chunks' buffers (`Layout::kScaleChunksBytes`).
     fn scale_chunks_bytes(&self) -> usize {
-        self.scale_chunk_buffers() * SCALE_CHUNK_BLOCKS * self.tokens_per_tile
+        self.scale_chunk_buffers() * SCALE_CHUNK_BLOCKS * self.tokens_per_tile * 4
     }
 
     /// The same tile with as many stages as fit next to its epilogue's shared memory.
@@ -754,10 +754,10 @@ impl TilePlan {
             },
             scales: match scales {
                 Some((sf, stride)) if self.chunks_scales() => TensorMapDesc::matrix(
-                    TmaDataType::U8,
+                    TmaDataType::F32,
                     sf,
                     [k / BLOCK_K as u64, stride as u64],
-                    stride as u64,
+                    stride as u64 * 4,
                     [SCALE_CHUNK_BLOCKS as u32, bn],
                 )
                 .encode()?,
@@ -983,7 +983,8 @@ impl<'a> DeviceBytes<'a> {
 }
 
 /// An expert-contiguous activation pool on the device.
-/// FP8: `act` is E4M3 `[rows][k]` and `act_sf` UE8M0 `[k/128][sf_stride]` (MN-major);
+/// FP8: `act` is E4M3 `[rows][k]` and `act_sf` the token scales as f32 `[k/128][sf_stride]`
+/// (MN-major, each 16 rows in [`pool_order::scale_column`] order);
 /// BF16: `act` is BF16 `[rows][k]` (E4M3 × 2^scale, exactly widened, any group) and there are no scales.
 pub struct Pool<'a> {
     pub act: DeviceBytes<'a>,
@@ -1388,12 +1389,12 @@ impl GemmCore {
                 );
             };
             if !pool.sf_stride.is_multiple_of(16)
-                || sf.bytes() < pool.sf_stride * weights.k / BLOCK_K
+                || sf.bytes() < 4 * pool.sf_stride * weights.k / BLOCK_K
             {
                 return bad(
                     "activation scales",
                     format!(
-                        "{} bytes, stride {} (a multiple of 16), K/128 = {}",
+                        "{} bytes, stride {} (a multiple of 16), K/128 = {} floats",
                         sf.bytes(),
                         pool.sf_stride,
                         weights.k / BLOCK_K

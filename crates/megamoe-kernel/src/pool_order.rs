@@ -1,4 +1,5 @@
-//! The channel order of the grouped GEMM's activation pools (device twin: `cuda/pool_order.cuh`).
+//! The channel order of the grouped GEMM's activation pools, and the row order of the FP8 pools'
+//! token scales (device twin: `cuda/pool_order.cuh`).
 //!
 //! A WGMMA register fragment gives thread-in-quad `t` the same few columns of every k-step, so in
 //! natural channel order each thread touches all four per-32 weight scale blocks of a k128 block
@@ -12,6 +13,13 @@
 //! Every pool producer (the tests' [`crate::problem::ActPool::device_image`], the unfused
 //! pipeline's dispatch and SwiGLU, the CPU dataflow engine's dispatch) writes this order; nothing
 //! reads a pool but the GEMM and the CPU engine's L1 blocks ([`canonical_channel`]).
+//!
+//! An FP8 pool's token scales are floats (2^(e − 127) of each UE8M0 byte e), `[k/128][sf_stride]`,
+//! so that the TMA hands each stage's factors to the promotion as they are (no converter warp
+//! between a stage's arrival and its decode, perf.md v124). The promotion of a WGMMA accumulator
+//! fragment gives thread-in-quad `t` the columns 2t, 2t + 1, 8 + 2t, 9 + 2t of every 16; within
+//! each 16 rows the table holds those four side by side ([`scale_column`]), so a thread reads its
+//! four factors with one 16-byte load. Tiles start on multiples of 16 rows.
 
 use crate::gemm::Mma;
 use crate::transform::BLOCK_K;
@@ -45,6 +53,12 @@ pub fn canonical_channel(mma: Mma, position: usize) -> usize {
     let word = p / e;
     let (m, b) = (word / 4, word % 4);
     block * BLOCK_K + (b * n + m) * e + p % e
+}
+
+/// Column of pool row `row`'s token scale in each k-block's row of an FP8 pool's scale table.
+pub fn scale_column(row: usize) -> usize {
+    // Bits 2..1 of the row to 3..2, bit 3 to 1.
+    (row & !15) | (row & 6) << 1 | (row >> 2 & 2) | (row & 1)
 }
 
 /// A row of `k` channels (elements of `elem` bytes) in pool order.
@@ -102,6 +116,23 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn each_thread_reads_its_four_scales_side_by_side() {
+        let mut seen = [false; 32];
+        for row in 0..32 {
+            let c = scale_column(row);
+            assert_eq!(c / 16, row / 16, "row {row} leaves its 16");
+            assert!(!seen[c], "column {c} twice");
+            seen[c] = true;
+        }
+        for t in 0..4 {
+            let columns: Vec<usize> = [2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t]
+                .map(scale_column)
+                .into();
+            assert_eq!(columns, (4 * t..4 * t + 4).collect::<Vec<_>>(), "t {t}");
         }
     }
 

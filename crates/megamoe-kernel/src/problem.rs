@@ -155,8 +155,9 @@ impl ActPool {
     }
 
     /// The pool as the GEMM of route `mma` reads it: the activations (BF16 widened, or E4M3) in
-    /// the pool's channel order ([`pool_order`]) and, for FP8, the scales UE8M0 `[k/128][sf_stride]`,
-    /// MN-major. FP8 needs a g128 pool.
+    /// the pool's channel order ([`pool_order`]) and, for FP8, the token scales as f32
+    /// `[k/128][sf_stride]`, MN-major, each 16 rows in [`pool_order::scale_column`] order. FP8 needs
+    /// a g128 pool.
     pub fn device_image(&self, mma: Mma, sf_stride: usize) -> (Vec<u8>, Option<Vec<u8>>) {
         let widened;
         let natural: &[u8] = match mma {
@@ -181,10 +182,21 @@ impl ActPool {
             "the FP8 route takes per-128 scales"
         );
         let blocks = self.k / BLOCK_K;
-        let mut out = vec![127u8; blocks * sf_stride];
+        let mut out = vec![0u8; 4 * blocks * sf_stride];
+        let mut put = |kb: usize, column: usize, scale: f32| {
+            let at = 4 * (kb * sf_stride + column);
+            out[at..at + 4].copy_from_slice(&scale.to_le_bytes());
+        };
+        for kb in 0..blocks {
+            for column in 0..sf_stride {
+                put(kb, column, 1.0);
+            }
+        }
         for row in 0..self.rows {
             for kb in 0..blocks {
-                out[kb * sf_stride + row] = self.sf[row * blocks + kb];
+                // As the device's writers convert (`fp::ue8m0_float`): the byte as the exponent.
+                let e = u32::from(self.sf[row * blocks + kb]);
+                put(kb, pool_order::scale_column(row), f32::from_bits(e << 23));
             }
         }
         out

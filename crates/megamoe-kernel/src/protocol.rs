@@ -133,23 +133,25 @@ impl PipelineShape {
     }
 
     /// Bytes of the scale table of a pool of `k` channels that `mma` reads: FP8 route
-    /// `[k/128][sf_stride]` UE8M0; BF16 pools are widened and have none.
+    /// `[k/128][sf_stride]` f32 ([`crate::pool_order::scale_column`]); BF16 pools are widened and
+    /// have none.
     pub fn sf_bytes(&self, mma: Mma, k: usize) -> usize {
         match mma {
-            Mma::Fp8 => k / BLOCK_K * self.sf_stride(),
+            Mma::Fp8 => 4 * (k / BLOCK_K) * self.sf_stride(),
             Mma::Bf16 => 0,
         }
     }
 
     /// Bytes per row of a staged row from a peer (large T; the owner finishes it, `Pipeline::l1`):
-    /// FP8 pool, its `H/128` UE8M0 scales padded to 16 (one contiguous store per row; a byte per
-    /// k128 block straight into the `[H/128][sf_stride]` table was 56 single-byte NVLink stores a
-    /// row, ≈ 25 % of the dispatch on 2×H200, perf.md v33); BF16 pool, the E4M3 row and its `H/G`
-    /// scales padded to 16 (half the NVLink bytes of the widened row). One rank has no peers: 0.
+    /// FP8 pool, its `H/128` scales as the table's floats, padded to 16 bytes (one contiguous
+    /// store per row; a store per k128 block straight into the `[H/128][sf_stride]` table was 56
+    /// single-byte NVLink stores a row, ≈ 25 % of the dispatch on 2×H200, perf.md v33); BF16 pool,
+    /// the E4M3 row and its `H/G` scales padded to 16 (half the NVLink bytes of the widened row).
+    /// One rank has no peers: 0.
     pub fn staged_row_bytes(&self) -> usize {
         match self.routes.l1 {
             _ if self.num_ranks == 1 => 0,
-            Mma::Fp8 => (self.hidden / BLOCK_K).next_multiple_of(16),
+            Mma::Fp8 => (4 * (self.hidden / BLOCK_K)).next_multiple_of(16),
             Mma::Bf16 => self.hidden + (self.hidden / self.recipe.group()).next_multiple_of(16),
         }
     }
@@ -741,12 +743,12 @@ mod tests {
             let want = [
                 rows * h * s.routes.l1.act_elem(),
                 match s.routes.l1 {
-                    Mma::Fp8 => h / 128 * s.sf_stride(),
+                    Mma::Fp8 => 4 * (h / 128) * s.sf_stride(),
                     Mma::Bf16 => 0,
                 },
                 match s.routes.l1 {
                     _ if s.num_ranks == 1 => 0,
-                    Mma::Fp8 => rows * (h / 128).next_multiple_of(16),
+                    Mma::Fp8 => rows * (4 * (h / 128)).next_multiple_of(16),
                     Mma::Bf16 => rows * (h + (h / s.recipe.group()).next_multiple_of(16)),
                 },
                 rows * 16,
