@@ -979,9 +979,9 @@ struct Consumer {
   }
 
   // FP8: the token scales of chunk h of parity P's stage (two per 8 columns). One CTA per SM: in
-  // the pool's order (pool_order::scale_column), one LDS.128 per 16 columns, and (one base per row) loaded
-  // before the wgmma wait that precedes their promotion, so the shared-memory latency hides behind
-  // it. Two CTAs per SM have no registers to spare for either (with them ptxas serialized the
+  // the pool's order (pool_order::scale_column), one LDS.128 per 16 columns, and (one base per
+  // row) loaded before the wgmma wait that precedes their promotion, so the shared-memory latency
+  // hides behind it. Two CTAs per SM have no registers to spare for either (with them ptxas serialized the
   // wgmmas, C7511): one LDS.64 per 8 columns after the wait.
   static constexpr bool kQuadScales = L::kQuadScales;
   static constexpr bool kPrefetchScales = kCtas == 1 && kRowBase;
