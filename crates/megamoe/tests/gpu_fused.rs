@@ -377,7 +377,8 @@ fn fused_equals_unfused_v4_shapes() {
 }
 
 /// The fused kernel's cross-rank protocol (peer counts, dispatch and combine stores, device
-/// meetings) among R ranks on GPU 0, each on its own share of the SMs: R = 2 with a token sweep,
+/// meetings) among R ranks on GPU 0, each on its own share of the SMs: R = 2 with a token sweep
+/// (T = 2048: ≈ 1500 rows a rank from its peer, so they go staged, `stages_rows`),
 /// R = 4 skewed and clamped (and V4-Flash's per-rank shape), R = 8 (one expert each) with a rank
 /// without tokens.
 fn sharing_one_gpu(ranks: usize) {
@@ -386,12 +387,12 @@ fn sharing_one_gpu(ranks: usize) {
         let what = format!("tiny {recipe}/{routes} R={ranks} on one GPU, fused");
         match ranks {
             2 => {
-                let p = generated_problem(config, 128, 97, 0.25);
+                let p = generated_problem(config, 2048, 97, 0.25);
                 run_cases(
                     &what,
                     &p,
                     routes,
-                    &[128, 7, 1, 0],
+                    &[2048, 128, 7, 1, 0],
                     Placement::one_gpu(2),
                     true,
                 );
