@@ -19,8 +19,8 @@
 //                (peer stores), read once for its slots; the one-CTA kernels' whole tokens go
 //                through the still idle shared memory, one bulk store a slot;
 //                the ranks meet;
-//   5. L1        the grouped GEMM's roles over the L1 pool (producer + converter warp, two
-//                consumer warpgroups, the epilogue warps), its epilogue SwiGLU + clamp + top-k
+//   5. L1        the grouped GEMM's roles over the L1 pool (producer, two consumer warpgroups,
+//                the epilogue warps; on two-CTA FP8 tiles a converter warp), its epilogue SwiGLU + clamp + top-k
 //                weight + re-quantization into the L2 pool (sm90_swiglu.cuh), each tile counted
 //                at its rows once stored (arrival counters);
 //   6. L2        the grouped GEMM's roles over the L2 pool, each tile's loads once its rows'
@@ -201,7 +201,9 @@ __device__ __forceinline__ void store_slots_bulk(const DispatchParams& p, const 
 // one read from), then one bulk store of it per routed slot, which the TMA writes while the warp
 // goes on (no registers held for it: the stage 8 % shorter than with stores from registers,
 // perf.md v122), then the scales and RowMeta as dispatch_slots_fp8 — its lines, not a function
-// both share: as a call of its own they spilled the two-CTA 32-token kernel (16 B). Returns
+// both share: as a call of its own they spilled the two-CTA 32-token kernel (16 B). Its scale loop
+// steps one 64-bit address: in dispatch_slots_fp8's pointer-and-stride form ptxas serialized the
+// 256-token fused kernel's wgmmas (C7511, perf.md v125). Returns
 // whether the token has a routed slot (then it committed a bulk group that reads `buf`).
 // kUnroll 6: at 8 ptxas spilled the 128-token kernel's consumers, at 4 it serialized the
 // 256-token kernel's wgmmas (C7511).

@@ -12,8 +12,9 @@
 //         registers, the activations arrive already widened (E4M3 x 2^s_a in BF16); FP32 accumulation
 //         over all of K: exact.
 // Warp roles: warpgroup 0 = producer (one thread walks the schedule, hands each unit of work to the
-// other roles as a UnitDesc in shared memory and issues TMA for every stage; FP8: one converter warp
-// turns the stage's token scales into floats), warpgroups 1 and 2 = consumers (64 weight rows each,
+// other roles as a UnitDesc in shared memory and issues TMA for every stage, the FP8 token scales
+// as the pool's floats; FP8 two-CTA tiles: one converter warp copies each stage's from their chunk),
+// warpgroups 1 and 2 = consumers (64 weight rows each,
 // the same BN tokens). Each role is a device function of its own (Producer, ScaleConverter,
 // consumer_role with the Epilogue it is given), configured by template parameters only, so another
 // kernel can compose them; moe_gemm is the grouped GEMM's composition. A persistent CTA walks
@@ -1629,8 +1630,8 @@ __device__ __forceinline__ void consumer_role(const GemmParams& p, const void* o
 // ---------------------------------------------------------------- the kernel
 // One specialization of the grouped GEMM as a whole, in the pieces a kernel composes: `setup`
 // (barriers, decode tables, the cluster's meeting), `roles` (the registers split between the
-// warpgroups, then one role per warpgroup: 0 the producer thread and (FP8) the converter warp, 1
-// and 2 the consumers) and `rejoin` (every warpgroup back at the launch's share of registers, for
+// warpgroups, then one role per warpgroup: 0 the producer thread, (FP8 two-CTA tiles) the
+// converter warp and the epilogue warps, 1 and 2 the consumers) and `rejoin` (every warpgroup back at the launch's share of registers, for
 // a kernel that goes on to other work; the barriers are free to set up again once every thread of
 // the CTA, and of its cluster, has left `roles`). moe_gemm is setup + roles; the fused kernel
 // (sm90_mega_moe.cuh) runs setup + roles + rejoin once per layer.

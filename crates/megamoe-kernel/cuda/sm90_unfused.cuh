@@ -538,6 +538,8 @@ __device__ __forceinline__ void dispatch_slots_fp8(const DispatchParams& p, int 
     float* sf = in_table ? reinterpret_cast<float*>(p.peers->l1_sf[owner]) + pool_order::scale_column(row)
                          : reinterpret_cast<float*>(p.peers->l1_staged[owner] + (size_t)row * p.staged_row_bytes);
     const size_t kb_stride = in_table ? (size_t)p.sf_stride : 1;
+    // Not unrolled: unrolled, the float stores spilled uf_dispatch (8 B); stepping one address
+    // instead made ptxas serialize the two-CTA 32-token fused kernel's wgmmas (perf.md v125).
 #pragma unroll 1
     for (int kb = thread; kb < k_blocks; kb += threads) sf[kb * kb_stride] = fp::ue8m0_float(src_sf[kb]);
     if (thread == 0) store_row_meta(p, owner, row, t, j);

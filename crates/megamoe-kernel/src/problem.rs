@@ -182,24 +182,14 @@ impl ActPool {
             "the FP8 route takes per-128 scales"
         );
         let blocks = self.k / BLOCK_K;
-        let mut out = vec![0u8; 4 * blocks * sf_stride];
-        let mut put = |kb: usize, column: usize, scale: f32| {
-            let at = 4 * (kb * sf_stride + column);
-            out[at..at + 4].copy_from_slice(&scale.to_le_bytes());
-        };
-        for kb in 0..blocks {
-            for column in 0..sf_stride {
-                put(kb, column, 1.0);
-            }
-        }
+        let mut table = vec![1.0f32; blocks * sf_stride];
         for row in 0..self.rows {
             for kb in 0..blocks {
-                // As the device's writers convert (`fp::ue8m0_float`): the byte as the exponent.
-                let e = u32::from(self.sf[row * blocks + kb]);
-                put(kb, pool_order::scale_column(row), f32::from_bits(e << 23));
+                table[kb * sf_stride + pool_order::scale_column(row)] =
+                    ue8m0::decode(self.sf[row * blocks + kb]);
             }
         }
-        out
+        table.iter().flat_map(|s| s.to_le_bytes()).collect()
     }
 
     /// BF16 bits of E4M3 × 2^scale (exact for either group), `[rows][k]`, as bytes.
