@@ -11,7 +11,7 @@ save() { tar czf $OUT/all.tgz -C /tmp logs; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv | tee $L/gpu.txt; save
 tar xJf .device/clis.tar.xz -C .device
 declare -A M=([main]=.device/main8b/megamoe [br]=.device/br/megamoe [br2]=.gpu-bundle/bin/megamoe)
-B="bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes g128/fp8,mx32/bf16 --tokens 2048,8192 --path fused"
+B="bench --preset deepseek-v4-pro --ranks 1 --experts 48 --routes ${ROUTES:-g128/fp8,mx32/bf16} --tokens 2048,8192 --path fused"
 el warm
 for v in main br br2; do MEGAMOE_CACHE=/tmp/cache.$v timeout 120 ${M[$v]} $B --reps 1 > $L/warm.$v.log 2>&1 & done; wait; save
 for r in ${ROUNDS:-1 2 3}; do for v in main br br2; do
