@@ -134,6 +134,14 @@ mod tests {
                 .into();
             assert_eq!(columns, (4 * t..4 * t + 4).collect::<Vec<_>>(), "t {t}");
         }
+        // The device's twin is the same bit formula (its writers and the GEMM's loads meet only
+        // on a GPU, so drift there would show in no host test).
+        assert!(
+            CUDA_HEADER
+                .1
+                .contains("return (r & ~15) | (r & 6) << 1 | (r >> 2 & 2) | (r & 1);"),
+            "pool_order.cuh's scale_column differs from the host's"
+        );
     }
 
     #[test]
