@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds session 57's first H200 call (runs/2026-12-07-s57a.sh): s56c-pack.sh's carry (.gpu-bundle
+# from br2, .device/clis.tar.xz with main's and br's `megamoe`), plus main with the fused forward's
+# first-weights prefetch at 8 and 16 MiB instead of 32 (p8, p16: one constant, perf.md v100/v105:
+# 32 MiB was worth 4.6 % at g128 T = 128 on an H200 against none, 8 MiB 32 MiB's equal or faster on
+# H100s), each checked by a mark of its sources; the CLIs repacked as main/, br/, p8/, p16/.
+# Then `bash .device/s57a.sh` (carry ".gpu-bundle", ".device").
+set -euo pipefail
+root=$(git rev-parse --show-toplevel); cd "$root"
+bash docs/runs/2026-12-07-s56c-pack.sh
+eval "$(cargo xtask setup-cuda | grep '^export')"
+pack=$(mktemp -d); wt=$(mktemp -d)
+trap 'rm -rf "$pack" "$wt"; git worktree prune' EXIT
+tar xJf .device/clis.tar.xz -C "$pack" && mv "$pack/main8b" "$pack/main"
+git worktree add --detach "$wt/p" HEAD >/dev/null; ln -s "$root/.cuda" "$wt/p/.cuda"
+gemm=crates/megamoe-kernel/cuda/sm90_moe_gemm.cuh
+for mib in 8 16; do
+  git -C "$wt/p" checkout -q -- $gemm
+  sed -i "s/kFirstWeightsPrefetchBytes = 32u << 20;/kFirstWeightsPrefetchBytes = ${mib}u << 20;/" "$wt/p/$gemm"
+  grep -q "kFirstWeightsPrefetchBytes = ${mib}u << 20;" "$wt/p/$gemm" || { echo "p$mib: no edit" >&2; exit 1; }
+  (cd "$wt/p" && CARGO_TARGET_DIR="$root/target/s57-p" cargo build -q --release -p megamoe-cli --bin megamoe)
+  mkdir -p "$pack/p$mib"; cp "$root/target/s57-p/release/megamoe" "$pack/p$mib/megamoe"; strip "$pack/p$mib/megamoe"
+  grep -q -a -F "kFirstWeightsPrefetchBytes = ${mib}u << 20;" "$pack/p$mib/megamoe" || { echo "p$mib: mark" >&2; exit 1; }
+done
+tar cJf .device/clis.tar.xz -C "$pack" main br p8 p16
+cp docs/runs/2026-12-07-s57a.sh .device/s57a.sh
+du -sh .gpu-bundle .device
