@@ -3,7 +3,7 @@
 # with the `megamoe` of main, br, p8 and p16 — main with the first weights' prefetch at 8 and 16 MiB —
 # plus this script): br2's gpu_fused gate beside the warm-ups, then
 # main, br, br2, p8 and p16 in three alternating rounds (the bar's table: g128/fp8 and mx32/bf16, fused and
-# unfused, T = 8 ... 8192, burst clock), main's sustained round, and timelines at T = 2048 and 8192.
+# unfused, T = 8 ... 8192, burst clock), main's sustained round, and timelines at T = 2048 and 8192 (main's also at 8 and 128).
 # Logs into $OUT/all.tgz after each step.
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_PATH=/usr/local/cuda LD_LIBRARY_PATH=/usr/local/cuda/lib64 \
@@ -34,7 +34,8 @@ el sustained main
 MEGAMOE_CACHE=/tmp/cache.main timeout 150 ${M[main]} $B $T --path fused,unfused --reps 5 --warm-up-ms 2000 > $L/sustained.main.log 2>&1; save
 for v in main br br2; do
   el timeline $v
-  MEGAMOE_CACHE=/tmp/cache.$v timeout 60 ${M[$v]} $B --path fused --tokens 2048,8192 --reps 1 --timeline $L/tl.$v > $L/tl.$v.log 2>&1
+  tl=2048,8192; [ $v = main ] && tl=8,128,$tl
+  MEGAMOE_CACHE=/tmp/cache.$v timeout 60 ${M[$v]} $B --path fused --tokens $tl --reps 1 --timeline $L/tl.$v > $L/tl.$v.log 2>&1
   python3 .device/tl_stats.py $L/tl.$v/*.json > $L/tl_stats.$v.txt 2>&1; grep -E "json|glue|L2 end" $L/tl_stats.$v.txt | cut -c1-160; save
 done
 el done; save
