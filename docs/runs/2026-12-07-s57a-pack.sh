@@ -3,7 +3,9 @@
 # from br2, .device/clis.tar.xz with main's and br's `megamoe`), plus main with the fused forward's
 # first-weights prefetch at 8 and 16 MiB instead of 32 (p8, p16: one constant, perf.md v100/v105:
 # 32 MiB was worth 4.6 % at g128 T = 128 on an H200 against none, 8 MiB 32 MiB's equal or faster on
-# H100s), each checked by a mark of its sources; the CLIs repacked as main/, br/, p8/, p16/.
+# H100s), and dp (+ runs/2026-12-07-s57-fp8-dispatch-pairs-below-two-rounds-dp.patch: the one-CTA
+# FP8 pools' dispatch by pairs until the tokens fill two rounds of the grid's warps), each checked by
+# a mark of its sources; the CLIs repacked as main/, br/, p8/, p16/, dp/.
 # Then `bash .device/s57a.sh` (carry ".gpu-bundle", ".device").
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
@@ -22,6 +24,10 @@ for mib in 8 16; do
   mkdir -p "$pack/p$mib"; cp "$root/target/s57-p/release/megamoe" "$pack/p$mib/megamoe"; strip "$pack/p$mib/megamoe"
   grep -q -a -F "kFirstWeightsPrefetchBytes = ${mib}u << 20;" "$pack/p$mib/megamoe" || { echo "p$mib: mark" >&2; exit 1; }
 done
-tar cJf .device/clis.tar.xz -C "$pack" main br p8 p16
+git -C "$wt/p" checkout -q -- $gemm && git -C "$wt/p" apply "$root/docs/runs/2026-12-07-s57-fp8-dispatch-pairs-below-two-rounds-dp.patch"
+(cd "$wt/p" && CARGO_TARGET_DIR="$root/target/s57-p" cargo build -q --release -p megamoe-cli --bin megamoe)
+mkdir -p "$pack/dp"; cp "$root/target/s57-p/release/megamoe" "$pack/dp/megamoe"; strip "$pack/dp/megamoe"
+grep -q -a -F "kRowParts > 1 || kUnroll < 8 ? 1 : 2" "$pack/dp/megamoe" || { echo "dp: mark" >&2; exit 1; }
+tar cJf .device/clis.tar.xz -C "$pack" main br p8 p16 dp
 cp docs/runs/2026-12-07-s57a.sh .device/s57a.sh
 du -sh .gpu-bundle .device
