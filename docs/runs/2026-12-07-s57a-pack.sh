@@ -6,7 +6,8 @@
 # H100s), and dp (+ runs/2026-12-07-s57-fp8-dispatch-pairs-below-two-rounds-dp.patch: the one-CTA
 # FP8 pools' dispatch by pairs until the tokens fill two rounds of the grid's warps), each checked by
 # a mark of its sources; the CLIs repacked as main/, br/, p8/, p16/, dp/.
-# Then `bash .device/s57a.sh` (carry ".gpu-bundle", ".device").
+# Then `bash .device/s57a.sh` (carry ".gpu-bundle", ".device"), and on the same carry s57b.sh
+# (gpu_cuda and the sanitizers s55d left unrun).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"
 bash docs/runs/2026-12-07-s56c-pack.sh
@@ -29,5 +30,5 @@ git -C "$wt/p" checkout -q -- $gemm && git -C "$wt/p" apply "$root/docs/runs/202
 mkdir -p "$pack/dp"; cp "$root/target/s57-p/release/megamoe" "$pack/dp/megamoe"; strip "$pack/dp/megamoe"
 grep -q -a -F "kRowParts > 1 || kUnroll < 8 ? 1 : 2" "$pack/dp/megamoe" || { echo "dp: mark" >&2; exit 1; }
 tar cJf .device/clis.tar.xz -C "$pack" main br p8 p16 dp
-cp docs/runs/2026-12-07-s57a.sh .device/s57a.sh
+cp docs/runs/2026-12-07-s57a.sh docs/runs/2026-12-07-s57b.sh .device/
 du -sh .gpu-bundle .device
