@@ -5,7 +5,9 @@
 # 32 MiB was worth 4.6 % at g128 T = 128 on an H200 against none, 8 MiB 32 MiB's equal or faster on
 # H100s), and dp (+ runs/2026-12-07-s57-fp8-dispatch-pairs-below-two-rounds-dp.patch: the one-CTA
 # FP8 pools' dispatch by pairs until the tokens fill two rounds of the grid's warps), each checked by
-# a mark of its sources; the CLIs repacked as main/, br/, p8/, p16/, dp/.
+# a mark of its sources, and k32 (+ runs/2026-12-04-s31-fp8-promotion-per-k32.patch, timing only:
+# every FP8 main loop promoted once a k32 step, the issue's "mx32 through FP8 WGMMA", perf.md v128);
+# the CLIs repacked as main/, br/, p8/, p16/, dp/, k32/.
 # Then `bash .device/s57a.sh` (carry ".gpu-bundle", ".device"), and on the same carry s57b.sh
 # (gpu_cuda and the sanitizers s55d left unrun).
 set -euo pipefail
@@ -25,10 +27,15 @@ for mib in 8 16; do
   mkdir -p "$pack/p$mib"; cp "$root/target/s57-p/release/megamoe" "$pack/p$mib/megamoe"; strip "$pack/p$mib/megamoe"
   grep -q -a -F "kFirstWeightsPrefetchBytes = ${mib}u << 20;" "$pack/p$mib/megamoe" || { echo "p$mib: mark" >&2; exit 1; }
 done
-git -C "$wt/p" checkout -q -- $gemm && git -C "$wt/p" apply "$root/docs/runs/2026-12-07-s57-fp8-dispatch-pairs-below-two-rounds-dp.patch"
-(cd "$wt/p" && CARGO_TARGET_DIR="$root/target/s57-p" cargo build -q --release -p megamoe-cli --bin megamoe)
-mkdir -p "$pack/dp"; cp "$root/target/s57-p/release/megamoe" "$pack/dp/megamoe"; strip "$pack/dp/megamoe"
-grep -q -a -F "kRowParts > 1 || kUnroll < 8 ? 1 : 2" "$pack/dp/megamoe" || { echo "dp: mark" >&2; exit 1; }
-tar cJf .device/clis.tar.xz -C "$pack" main br p8 p16 dp
-cp docs/runs/2026-12-07-s57a.sh docs/runs/2026-12-07-s57b.sh .device/
+declare -A patch=([dp]=2026-12-07-s57-fp8-dispatch-pairs-below-two-rounds-dp
+  [k32]=2026-12-04-s31-fp8-promotion-per-k32)
+declare -A mark=([dp]="kRowParts > 1 || kUnroll < 8 ? 1 : 2" [k32]="static constexpr int kPromotions = 4;")
+for v in dp k32; do
+  git -C "$wt/p" checkout -q -- crates && git -C "$wt/p" apply "$root/docs/runs/${patch[$v]}.patch"
+  (cd "$wt/p" && CARGO_TARGET_DIR="$root/target/s57-p" cargo build -q --release -p megamoe-cli --bin megamoe)
+  mkdir -p "$pack/$v"; cp "$root/target/s57-p/release/megamoe" "$pack/$v/megamoe"; strip "$pack/$v/megamoe"
+  grep -q -a -F "${mark[$v]}" "$pack/$v/megamoe" || { echo "$v: mark" >&2; exit 1; }
+done
+tar cJf .device/clis.tar.xz -C "$pack" main br p8 p16 dp k32
+cp docs/runs/2026-12-07-s57a.sh .device/s57a.sh; cp docs/runs/2026-12-07-s57b.sh .device/s57b.sh
 du -sh .gpu-bundle .device
