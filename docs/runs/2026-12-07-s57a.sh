@@ -23,7 +23,7 @@ declare -A T=([main]=8,128,512,2048,8192 [br]=8,128,512,2048,8192 [br2]=8,128,51
   [p8]=8,128,512 [p16]=8,128,512 [dp]=2048 [k32]=8,128,512)
 declare -A R=([main]=g128/fp8,mx32/bf16 [br]=g128/fp8,mx32/bf16 [br2]=g128/fp8,mx32/bf16
   [p8]=g128/fp8,mx32/bf16 [p16]=g128/fp8,mx32/bf16 [dp]=g128/fp8 [k32]=g128/fp8)
-V="main br br2 p8 p16 dp k32"
+V=${V:-"main br br2 p8 p16 dp k32"}  # an H100 call: V="main br br2 dp k32" (p8 and p16 are for the H200)
 B="bench --preset deepseek-v4-pro --ranks 1 --experts 48"
 el warm+gates
 for v in $V; do
