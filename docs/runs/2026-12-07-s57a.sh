@@ -32,7 +32,7 @@ done
 MEGAMOE_CACHE=/tmp/cache.gates TEST_TIMEOUT=300 timeout 330 .gpu-bundle/run.sh gpu_fused > $L/gates.gpu_fused.br2.log 2>&1 &
 wait; save; grep -iE "error|panick" $L/warm.*.log | head -5
 echo "gpu_fused br2: $(grep -E 'passed' $L/gates.gpu_fused.br2.log)"; grep -E "^FAIL" $L/gates.gpu_fused.br2.log | cut -c1-150
-for r in 1 2 3; do for v in $V; do
+for r in ${ROUNDS:-1 2 3}; do for v in $V; do
   el bench $v $r
   MEGAMOE_CACHE=/tmp/cache.$v timeout 120 ${M[$v]} $B --routes ${R[$v]} --tokens ${T[$v]} --path fused,unfused --reps 5 > $L/bench.$v.$r.log 2>&1 || echo "bench $v $r rc $?"
 done; python3 .device/bench_table.py $(for v in $V; do echo -n "$v=$(ls $L/bench.$v.*.log | paste -sd,) "; done) > $L/table.txt 2>&1; save; done
