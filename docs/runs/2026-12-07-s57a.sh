@@ -5,7 +5,8 @@
 # timed at T ≤ 512), dp (the one-CTA FP8 dispatch by pairs below two rounds of tokens, timed at
 # T = 2048), k32 (timing only: the FP8 main loops promoted once a k32 step, as an mx32 route through
 # FP8 WGMMA would be; g128/fp8 at T ≤ 512).
-# br2's gpu_fused gate beside the warm-ups, then three alternating rounds (the bar's table for
+# br2's gpu_fused gate beside the warm-ups, then alternating rounds (ROUNDS, default three; the
+# variants V, default all; session 57's H100 call: ROUNDS="1 2" V="main br br2 dp k32") (the bar's table for
 # main, br and br2: g128/fp8 and mx32/bf16, fused and unfused, T = 8 ... 8192, burst clock),
 # main's sustained round, and timelines at T = 2048 and 8192 (main's also at 8 and 128).
 # Logs into $OUT/all.tgz after each step.
@@ -23,7 +24,7 @@ declare -A T=([main]=8,128,512,2048,8192 [br]=8,128,512,2048,8192 [br2]=8,128,51
   [p8]=8,128,512 [p16]=8,128,512 [dp]=2048 [k32]=8,128,512)
 declare -A R=([main]=g128/fp8,mx32/bf16 [br]=g128/fp8,mx32/bf16 [br2]=g128/fp8,mx32/bf16
   [p8]=g128/fp8,mx32/bf16 [p16]=g128/fp8,mx32/bf16 [dp]=g128/fp8 [k32]=g128/fp8)
-V=${V:-"main br br2 p8 p16 dp k32"}  # an H100 call: V="main br br2 dp k32" (p8 and p16 are for the H200)
+V=${V:-"main br br2 p8 p16 dp k32"}  # p8 and p16 are for an H200
 B="bench --preset deepseek-v4-pro --ranks 1 --experts 48"
 el warm+gates
 for v in $V; do
