@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Session 58's call (s58a-pack.sh's carry: .gpu-bundle = main with br, .device with this script and
 # the `megamoe` of p8 and p16, the first weights' prefetch at 8 and 16 MiB, timed at T ≤ 512).
-# br's gates beside the warm-ups (gpu_fused, gpu_engine, gpu_unfused: br changes the fused and
-# unfused top-k sums), compute-sanitizer's four tools on the tiny fused forwards, then ROUNDS
-# alternating rounds (default three; the bar's table: g128/fp8 and mx32/bf16, fused and unfused,
-# T = 8 ... 8192, burst clock), main's sustained round, and main's timelines.
+# br's gates (s58b.sh: gpu_fused, gpu_engine, gpu_unfused, then compute-sanitizer on the tiny
+# fused forwards) beside the warm-ups, then ROUNDS alternating rounds (default three; the bar's
+# table: g128/fp8 and mx32/bf16, fused and unfused, T = 8 ... 8192, burst clock), main's sustained
+# round, and main's timelines.
 # Logs into $OUT/all.tgz after each step.
 set -uo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_PATH=/usr/local/cuda LD_LIBRARY_PATH=/usr/local/cuda/lib64 \
@@ -22,16 +22,8 @@ el warm+gates
 for v in $V; do
   MEGAMOE_CACHE=/tmp/cache.$v timeout 240 ${M[$v]} $B --tokens ${T[$v]} --path fused,unfused --reps 1 > $L/warm.$v.log 2>&1 &
 done
-for g in gpu_fused gpu_engine gpu_unfused; do
-  MEGAMOE_CACHE=/tmp/cache.$g TEST_TIMEOUT=300 timeout 330 .gpu-bundle/run.sh $g > $L/gates.$g.log 2>&1 &
-done
-wait; save; grep -iE "error|panick" $L/warm.*.log | head -5
-for g in gpu_fused gpu_engine gpu_unfused; do
-  echo "$g: $(grep -E 'passed' $L/gates.$g.log)"; grep -E "^FAIL" $L/gates.$g.log | cut -c1-150
-done
-el sanitize fused_tiny
-MEGAMOE_CACHE=/tmp/cache.san SANITIZE_LOGS=$L/sanitize SANITIZE_TIMEOUT=100 timeout 110 \
-  .gpu-bundle/sanitize.sh "" gpu_fused::fused_tiny > $L/sanitize.log 2>&1; grep -hE "CLEAN|KNOWN|SKIP|FAIL" $L/sanitize.log | cut -c1-150; save
+LOGS=$L/gates bash .device/s58b.sh > $L/gates.txt 2>&1 &
+wait; save; grep -iE "error|panick" $L/warm.*.log | head -5; cat $L/gates.txt
 for r in ${ROUNDS:-1 2 3}; do for v in $V; do
   el bench $v $r
   MEGAMOE_CACHE=/tmp/cache.$v timeout 120 ${M[$v]} $B --tokens ${T[$v]} --path fused,unfused --reps 5 > $L/bench.$v.$r.log 2>&1 || echo "bench $v $r rc $?"
