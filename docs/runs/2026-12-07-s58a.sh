@@ -33,5 +33,5 @@ el sustained main
 MEGAMOE_CACHE=/tmp/cache.main timeout 150 ${M[main]} $B --tokens ${T[main]} --path fused,unfused --reps 5 --warm-up-ms 2000 > $L/sustained.main.log 2>&1; save
 el timeline main
 MEGAMOE_CACHE=/tmp/cache.main timeout 60 ${M[main]} $B --path fused --tokens ${T[main]} --reps 1 --timeline $L/tl.main > $L/tl.main.log 2>&1
-python3 .device/tl_stats.py $L/tl.main/*.json > $L/tl_stats.main.txt 2>&1; grep -E "json|glue|L2 end" $L/tl_stats.main.txt | cut -c1-160
+python3 .device/tl_stats.py $L/tl.main/*.json > $L/tl_stats.main.txt 2>&1; grep -E "json|glue|L2 end|MHz" $L/tl_stats.main.txt | cut -c1-160
 el done; save

@@ -31,6 +31,7 @@ use cuda_rt::{GpuTimer, Reading, Sampling, Telemetry};
 
 use megamoe_kernel::Routes;
 use megamoe_kernel::problem::ExpertWeights;
+use megamoe_kernel::timeline::EventKind;
 use moe_sched::{Plan, PlanConfig};
 use serde::Serialize;
 use symm_mem::World;
@@ -94,8 +95,13 @@ fn record_timeline(
         routes.to_string().replace('/', "-"),
         point.tokens
     );
+    let (l1_mhz, l2_mhz) = (
+        timeline.sm_mhz(EventKind::L1Tile),
+        timeline.sm_mhz(EventKind::L2Tile),
+    );
     let json = serde_json::json!({
-        "overlap": overlap, "dropped": timeline.dropped, "events": timeline.events
+        "overlap": overlap, "sm_mhz": {"l1_tile": l1_mhz, "l2_tile": l2_mhz},
+        "dropped": timeline.dropped, "events": timeline.events
     });
     let title = format!(
         "{recipe}/{routes} T = {} rank {me}: fused forward",
@@ -107,7 +113,13 @@ fn record_timeline(
             timeline_svg::write_svg(&timeline, &title, &dir.join(format!("{name}.svg")))
         });
     match written {
-        Ok(()) => tracing::info!(timeline = %dir.join(&name).display(), %overlap, "fused timeline"),
+        Ok(()) => tracing::info!(
+            timeline = %dir.join(&name).display(),
+            %overlap,
+            l1_mhz_p10_p50 = ?(l1_mhz.p10, l1_mhz.p50),
+            l2_mhz_p10_p50 = ?(l2_mhz.p10, l2_mhz.p50),
+            "fused timeline"
+        ),
         Err(e) => {
             tracing::error!(timeline = %dir.join(&name).display(), error = %e, "fused timeline not written")
         }

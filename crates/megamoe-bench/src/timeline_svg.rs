@@ -102,6 +102,7 @@ mod tests {
                 rows: 128,
                 n_col: 0,
                 k_blocks: 56,
+                sm_cycles: 7_000,
             }),
         };
         let timeline = Timeline {

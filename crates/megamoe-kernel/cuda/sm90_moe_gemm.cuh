@@ -422,6 +422,7 @@ struct alignas(16) UnitDesc {
   int pair;       // kAlone, kFirstOfPair or kSecondOfPair
   int expert;     // this rank's expert of the tile
   u32 handed_ns;  // with a timeline: the low 32 bits of %globaltimer when the producer handed it out
+  u32 handed_cycles;  // with a timeline: the SM's cycle counter then (sm90::sm_cycles)
   u32 seq;        // the tile's place among this CTA's descriptors of the launch (the end mark's: their count)
   int tiles;      // weight tiles of the unit, its descriptors side by side from its first (1 or 2)
 };
@@ -1404,7 +1405,8 @@ struct Producer {
         if (tile > 0) walker.unit(rank, u);  // the pair's second tile: always there
         units[slot] = UnitDesc{row0, rows, u.n_tile * kTileRows,
                                (u32)u.kb_begin | (u32)u.kb_end << 16, u.slot, u.pair, u.expert,
-                               p.timeline ? (u32)timeline::now() : 0u, seq++, tiles};
+                               p.timeline ? (u32)timeline::now() : 0u, p.timeline ? sm_cycles() : 0u, seq++,
+                               tiles};
         if (++slot == L::kUnitSlots) slot = 0;
       }
       // Tiles past n_out (a cluster's ghost, a twin's odd last) have no weights to load.

@@ -37,6 +37,11 @@ __device__ __forceinline__ u32 smid() {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
   return id;
 }
+// The SM's own cycle counter, %clock (the benchmark's CTA timelines: its cycles over
+// %globaltimer's ns between two reads on one SM are that SM's clock meanwhile). The builtin, not
+// an asm volatile read: ptxas may place it, where the asm made it serialize the wgmmas of the
+// g128/bf16 two-CTA 32-token fused kernel (C7511).
+__device__ __forceinline__ u32 sm_cycles() { return (u32)clock(); }
 
 // threadIdx.x and blockIdx.x as instructions the compiler cannot hoist out of a loop or hold from the
 // kernel's start (see their users).

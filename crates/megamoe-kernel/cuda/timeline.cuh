@@ -21,7 +21,7 @@ struct Event {
   int expert;    // of this rank's
   int row0, rows;       // its first pool row, its rows
   int n_col, k_blocks;  // its first weight row, its k128 blocks
-  u32 pad_;
+  u32 sm_cycles;        // the SM's cycles from start_ns to end_ns (its clock over the tile)
 };
 static_assert(sizeof(Event) == 48, "Event layout (megamoe-kernel/src/timeline.rs)");
 
@@ -42,14 +42,16 @@ __device__ __forceinline__ void append(const Timeline* tl, const Event& e) {
   if (i < tl->per_cta) tl->events[(size_t)cta * tl->per_cta + i] = e;
 }
 
-// A GEMM unit (its descriptor: row0, rows, n_col, kb_range, .., expert, handed_ns) done now, on
-// SM `sm`: an event from its hand-out (the timer's low 32 bits then, less than 2^32 ns ago).
+// A GEMM unit (its descriptor: row0, rows, n_col, kb_range, .., expert, handed_ns, handed_cycles)
+// done now, on SM `sm`, where it was handed out: an event from its hand-out (the timer's low 32
+// bits then, less than 2^32 ns ago; the cycle counter's, less than 2^32 cycles ago).
 template <class Unit>
 __device__ __forceinline__ void tile_done(const Timeline* tl, const Unit& d, u32 sm) {
   const u64 end = now();
+  const u32 cycles = sm90::sm_cycles() - d.handed_cycles;
   const u64 handed = end - (u32)((u32)end - d.handed_ns);
   append(tl, Event{handed, end, tl->tile_kind, sm, d.expert, d.row0, d.rows, d.n_col,
-                   (int)(d.kb_range >> 16) - (int)(d.kb_range & 0xffff), 0});
+                   (int)(d.kb_range >> 16) - (int)(d.kb_range & 0xffff), cycles});
 }
 
 }  // namespace timeline

@@ -84,6 +84,18 @@ pub struct TileEvent {
     pub rows: u32,
     pub n_col: u32,
     pub k_blocks: u32,
+    /// Cycles of its SM from start to end (that SM's clock over the tile: [`Event::sm_mhz`]).
+    pub sm_cycles: u32,
+}
+
+impl Event {
+    /// A tile's SM clock over its span (MHz: its SM's cycles over %globaltimer's ns); none for a
+    /// stage or a tile too short to time.
+    pub fn sm_mhz(&self) -> Option<f64> {
+        let tile = self.tile?;
+        let ns = self.end_ns - self.start_ns;
+        (ns > 0).then(|| f64::from(tile.sm_cycles) * 1e3 / ns as f64)
+    }
 }
 
 /// Words of one `mm::timeline::Event` (48 B).
@@ -213,6 +225,7 @@ impl Timeline {
                         rows: lo(w[4]),
                         n_col: hi(w[4]),
                         k_blocks: lo(w[5]),
+                        sm_cycles: hi(w[5]),
                     }),
                 });
             }
@@ -224,6 +237,19 @@ impl Timeline {
         }
         events.sort_by_key(|e| (e.start_ns, e.cta));
         Self { events, dropped }
+    }
+
+    /// The SM clocks of the tiles of `kind` over their spans (MHz): whether the SMs ran at
+    /// their burst clock through the forward, or ramped up or throttled in it.
+    pub fn sm_mhz(&self, kind: EventKind) -> Percentiles {
+        let mut mhz: Vec<f64> = self
+            .events
+            .iter()
+            .filter(|e| e.kind == kind)
+            .filter_map(Event::sm_mhz)
+            .collect();
+        mhz.sort_by(f64::total_cmp);
+        Percentiles::of(&mhz)
     }
 
     /// The end of the last event.
@@ -335,7 +361,7 @@ impl std::fmt::Display for Overlap {
 mod tests {
     use super::*;
 
-    fn tile(kind: EventKind, sm: u32, start: u64, end: u64, t: [u32; 5]) -> [u64; EVENT_WORDS] {
+    fn tile(kind: EventKind, sm: u32, start: u64, end: u64, t: [u32; 6]) -> [u64; EVENT_WORDS] {
         let pack = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
         [
             start,
@@ -343,7 +369,7 @@ mod tests {
             pack(kind as u32, sm),
             pack(t[0], t[1]),
             pack(t[2], t[3]),
-            pack(t[4], 0),
+            pack(t[4], t[5]),
         ]
     }
 
@@ -366,7 +392,7 @@ mod tests {
                 7,
                 base + 2_000,
                 base + 9_000,
-                [1, 0, 128, 0, 56],
+                [1, 0, 128, 0, 56, 10_500],
             ),
         );
         put(
@@ -377,7 +403,7 @@ mod tests {
                 7,
                 base + 9_000,
                 base + 16_000,
-                [1, 128, 72, 0, 56],
+                [1, 128, 72, 0, 56, 13_860],
             ),
         );
         put(
@@ -388,7 +414,7 @@ mod tests {
                 9,
                 base + 12_000,
                 base + 20_000,
-                [1, 0, 128, 128, 24],
+                [1, 0, 128, 128, 24, 15_840],
             ),
         );
         let stages = [(EventKind::Dispatch, base, base + 1_000)];
@@ -410,5 +436,11 @@ mod tests {
         );
         assert_eq!(o.l2_arrival_to_load_us.p50, 3.0);
         assert_eq!(t.span_ns(), 20_000);
+        // 7 µs at 1500 and 1980 MHz (the L1's), 8 µs at 1980 MHz (the L2's); stages have none.
+        assert_eq!(l1.sm_mhz(), Some(1500.0));
+        assert_eq!(t.events[0].sm_mhz(), None);
+        let l1_mhz = t.sm_mhz(EventKind::L1Tile);
+        assert_eq!((l1_mhz.count, l1_mhz.p10, l1_mhz.max), (2, 1500.0, 1980.0));
+        assert_eq!(t.sm_mhz(EventKind::L2Tile).p50, 1980.0);
     }
 }

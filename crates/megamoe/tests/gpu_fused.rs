@@ -291,6 +291,13 @@ fn fused_timeline_records_every_tile() {
                 e.start_ns >= dispatch.0 && e.end_ns <= reduce.1,
                 "a tile outside the forward's GEMM stages: {e:?}"
             );
+            // Its SM's cycles over its ns: a clock a GPU runs at (Hopper: ≤ 1980 MHz), not a
+            // field read from the wrong word or a counter of another SM.
+            let mhz = e.sm_mhz().expect("a tile's clock");
+            assert!(
+                (100.0..=3000.0).contains(&mhz),
+                "a tile at {mhz:.0} MHz: {e:?}"
+            );
         }
         let overlap = timeline.overlap();
         eprintln!(
