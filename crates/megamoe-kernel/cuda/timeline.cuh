@@ -1,7 +1,7 @@
-// timeline.cuh -- on request, what a GEMM's CTAs did when: each CTA appends an event per tile to
-// its own run of a device buffer, which the host reads after the stream (timeline.rs; `megamoe
-// bench --timeline`, where the fused forward's stages come from its stage clock). Off (a null
-// Timeline), a record is a branch not taken.
+// timeline.cuh -- on request, what a GEMM's CTAs did when, and at what SM clock: each CTA appends
+// an event per tile to its own run of a device buffer, which the host reads after the stream
+// (timeline.rs; `megamoe bench --timeline`, where the fused forward's stages come from its stage
+// clock). Off (a null Timeline), a record is a branch not taken.
 #pragma once
 
 #include "barriers.cuh"

@@ -1,7 +1,7 @@
 //! What a kernel's CTAs did when, on request (`cuda/timeline.cuh`'s host twin): each CTA of a GEMM,
 //! alone or in the fused forward, appends an event per tile — from the producer's hand-out (its
 //! first load) to the consumers' end of it (their epilogue, or its hand-over to the epilogue
-//! warps) — to its own run of a device buffer;
+//! warps), with its SM's cycles meanwhile — to its own run of a device buffer;
 //! [`TimelineBuffers::read`] brings them back as a [`Timeline`], with the fused forward's stages
 //! (the grid's, from its stage clock), and [`Timeline::overlap`] says how the layers overlap. Off,
 //! the kernels pass a null timeline and each record is a branch not taken.
